@@ -1,0 +1,3 @@
+from resource_worker.main import main
+
+main()

@@ -1,0 +1,141 @@
+"""Allocate: validate the request, check health once, make an RSD group per container, describe the devices.
+
+Kept apart from gRPC: it takes device ID lists and returns plain results, or
+raises AllocationError carrying the gRPC status the kubelet should see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+from resource_worker.device_table import Advertised, DeviceTable
+from resource_worker.health import Health
+from resource_worker.rsd_group import RsdGroupError, RsdGroups
+from shared.inventory import DeviceRecord
+from shared.status import StatusReading
+
+CDI_ANNOTATION_KEY = "cdi.k8s.io/rebellions.ai_npu"
+CDI_ANNOTATION_VALUE = "rebellions.ai/npu=runtime"
+CONTAINER_RSD_PATH = "/dev/rsd0"
+DEVICE_PERMISSIONS = "rw"
+DEVICE_NODE_TIMEOUT = 5.0
+_NODE_POLL = 0.02
+_MAX_NAMED_IN_ERROR = 80
+
+
+class ErrorKind(enum.Enum):
+    """Why an Allocate was refused; the servicer maps each to a gRPC status code."""
+
+    INVALID_REQUEST = "invalid request"
+    UNKNOWN_DEVICE = "unknown device"
+    UNHEALTHY_DEVICE = "unhealthy device"
+    RSD_GROUP_FAILED = "RSD group failed"
+    DEVICE_NODE_MISSING = "device node missing"
+
+
+class AllocationError(Exception):
+    def __init__(self, kind: ErrorKind, message: str, device_ids: Sequence[str] = ()):
+        super().__init__(message)
+        self.kind = kind
+        self.device_ids = list(device_ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceNode:
+    container_path: str
+    host_path: str
+    permissions: str = DEVICE_PERMISSIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerAllocation:
+    devices: tuple[DeviceRecord, ...]
+    rsd_group: int
+    nodes: tuple[DeviceNode, ...]
+    annotations: dict[str, str]
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [d.device_id for d in self.devices]
+
+    @property
+    def bus_ids(self) -> list[str]:
+        return sorted(d.bus_id for d in self.devices)
+
+    @property
+    def rsd_host_path(self) -> str:
+        return f"/dev/rsd{self.rsd_group}"
+
+
+def _shown(device_id: str) -> str:
+    """A device ID as an error message may quote it: hostile IDs can be megabytes long."""
+    return repr(device_id if len(device_id) <= _MAX_NAMED_IN_ERROR else device_id[:_MAX_NAMED_IN_ERROR] + "…")
+
+
+def _dedupe(ids: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(ids))
+
+
+class Allocator:
+    def __init__(self, table: DeviceTable, rsd_groups: RsdGroups, dev_root: pathlib.Path,
+                 read_status: Callable[[str], StatusReading], node_timeout: float = DEVICE_NODE_TIMEOUT):
+        self._table = table
+        self._rsd_groups = rsd_groups
+        self._dev_root = dev_root
+        self._read_status = read_status
+        self._node_timeout = node_timeout
+
+    def validate(self, requests: Sequence[Sequence[str]]) -> list[list[Advertised]]:
+        """Resolve every container's IDs to this resource's devices, and run the final health check."""
+        if not requests:
+            raise AllocationError(ErrorKind.INVALID_REQUEST, "Allocate request has no container requests")
+        resource = self._table.resource.value
+        wanted = []
+        for index, ids in enumerate(requests):
+            if not ids:
+                raise AllocationError(ErrorKind.INVALID_REQUEST, f"container request {index} names no device")
+            wanted.append(_dedupe(ids))
+        distinct = _dedupe([device_id for ids in wanted for device_id in ids])
+        known = self._table.lookup(distinct)
+        unknown = [device_id for device_id, device in known.items() if device is None]
+        if unknown:
+            names = ", ".join(_shown(d) for d in unknown[:5]) + (" …" if len(unknown) > 5 else "")
+            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {names}: not a device of {resource}",
+                                  unknown)
+        # One read per distinct device, shared by every container of the request.
+        health = self._table.check_status(distinct, self._read_status)
+        unhealthy = [device_id for device_id in distinct if health[device_id].health is Health.UNHEALTHY]
+        if unhealthy:
+            detail = ", ".join(f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy)
+            raise AllocationError(ErrorKind.UNHEALTHY_DEVICE, f"cannot allocate unhealthy devices: {detail}",
+                                  unhealthy)
+        return [[known[device_id] for device_id in ids] for ids in wanted]
+
+    def allocate_container(self, devices: Sequence[Advertised]) -> ContainerAllocation:
+        records = tuple(sorted((d.record for d in devices), key=lambda r: r.device_id))
+        ids = [r.device_id for r in records]
+        try:
+            group = self._rsd_groups.recreate(records)
+        except RsdGroupError as exc:
+            raise AllocationError(ErrorKind.RSD_GROUP_FAILED,
+                                  f"RSD group for {', '.join(ids)} failed: {exc}", ids) from None
+        rsd = DeviceNode(CONTAINER_RSD_PATH, f"/dev/rsd{group}")
+        nodes = (rsd, *(DeviceNode(f"/dev/{r.device_id}", f"/dev/{r.device_id}") for r in records))
+        self._await_nodes(nodes, ids)
+        return ContainerAllocation(records, group, nodes, {CDI_ANNOTATION_KEY: CDI_ANNOTATION_VALUE})
+
+    def _await_nodes(self, nodes: Sequence[DeviceNode], ids: Sequence[str]) -> None:
+        """Wait, bounded, for each host node to exist under DEV_ROOT (a new RSD node appears asynchronously)."""
+        deadline = time.monotonic() + self._node_timeout
+        for node in nodes:
+            path = self._dev_root / node.host_path.removeprefix("/dev/")
+            while not path.exists():
+                if time.monotonic() >= deadline:
+                    raise AllocationError(ErrorKind.DEVICE_NODE_MISSING,
+                                          f"device node {node.host_path} for {', '.join(ids)} did not appear "
+                                          f"under {self._dev_root} within {self._node_timeout:g}s", ids)
+                time.sleep(_NODE_POLL)

@@ -1,0 +1,105 @@
+"""One resource plugin instance: a gRPC server on its own socket, registered with the kubelet.
+
+An instance lives while its resource has devices. Each instance gets a socket
+name of its own (the kubelet tells instances apart by socket path), and the
+server is serving before Register is called, because the kubelet dials back
+from inside Register.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import secrets
+import threading
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+from loguru import logger
+
+from resource_worker.allocation import Allocator
+from resource_worker.device_table import DeviceTable, counts
+from resource_worker.registration import register
+from resource_worker.servicer import OPTIONS, DevicePluginServicer
+from resource_worker.streams import StreamTracker
+from shared.deviceplugin.v1beta1 import api_pb2_grpc
+from shared.resources import Resource
+
+SOCKET_PREFIX = "rbln-device-plugin-"
+# Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
+SERVER_THREADS = 16
+STOP_GRACE = 1.0
+
+
+def socket_pattern(resource: Resource) -> re.Pattern[str]:
+    # pid and a random tag: never a prefix of another resource's name (npu vs npu-vf4).
+    return re.compile(rf"^{re.escape(SOCKET_PREFIX + resource.slug)}-[0-9]+-[0-9a-f]{{8}}\.sock$")
+
+
+def new_socket_name(resource: Resource) -> str:
+    return f"{SOCKET_PREFIX}{resource.slug}-{os.getpid()}-{secrets.token_hex(4)}.sock"
+
+
+def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[str]:
+    pattern = socket_pattern(resource)
+    removed = []
+    try:
+        entries = list(plugin_dir.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        if pattern.match(path.name):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except OSError:
+                pass
+    return removed
+
+
+class PluginServer:
+    def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
+                 on_stream_change: Callable[[], None]):
+        self._table = table
+        self.streams = StreamTracker(on_stream_change)
+        self._stopping = threading.Event()
+        self.socket_name = new_socket_name(table.resource)
+        self.socket_path = plugin_dir / self.socket_name
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS,
+                                                              thread_name_prefix="grpc-device-plugin"))
+        api_pb2_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginServicer(table, allocator, self.streams, self._stopping), self._server)
+
+    def serve(self) -> None:
+        old_umask = os.umask(0o077)  # the socket file is created owner-only
+        try:
+            self._server.add_insecure_port(f"unix://{self.socket_path}")
+            self._server.start()
+        finally:
+            os.umask(old_umask)
+
+    def register(self, kubelet_socket: pathlib.Path) -> None:
+        register(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS)
+        devices = self._table.devices()
+        logger.info("Registered device plugin with kubelet", resourceName=self._table.resource.value,
+                    endpoint=self.socket_name, **counts(devices))
+        for device in devices:
+            logger.log("INFO" if device.healthy else "WARNING", "Device exposed",
+                       resourceName=self._table.resource.value, device=device.device_id,
+                       health=device.health.health.value, status=device.health.status.name,
+                       busID=device.record.bus_id, numaNode=device.record.numa_node)
+
+    @property
+    def socket_exists(self) -> bool:
+        return self.socket_path.exists()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._table.wake_all()
+        self._server.stop(STOP_GRACE).wait()
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,91 @@
+"""RSD groups: each allocation gets a fresh group holding exactly its devices.
+
+Group changes are serialised across every process on the node by an flock on
+the RSD lock file. While the lock is held the first listing is authoritative,
+so it is enough to both find the groups to destroy and choose the new group
+id: list, destroy (only when needed), create - at most three rbln-smi calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pathlib
+import time
+from collections.abc import Iterator, Sequence
+
+from shared.inventory import DeviceRecord
+from shared.rbln_smi import RblnSmi, RblnSmiError
+
+DEFAULT_GROUP = 0
+LOCK_TIMEOUT = 30.0
+_LOCK_POLL_MIN = 0.005
+_LOCK_POLL_MAX = 0.1
+
+
+class RsdGroupError(RuntimeError):
+    """The RSD group could not be (re)created; the message says why."""
+
+
+@contextlib.contextmanager
+def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_file`; RsdGroupError if it is not free within `timeout`.
+
+    The kernel drops the lock when the holder dies, so a crash mid-change never wedges the node.
+    """
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise RsdGroupError(f"cannot open RSD lock file {lock_file}: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + timeout
+        pause = _LOCK_POLL_MIN
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RsdGroupError(f"RSD lock {lock_file} still held by another process after {timeout:g}s")
+                time.sleep(pause)
+                pause = min(pause * 2, _LOCK_POLL_MAX)
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor releases the lock
+
+
+def next_group_id(used: set[int]) -> int:
+    group_id = DEFAULT_GROUP + 1
+    while group_id in used:
+        group_id += 1
+    return group_id
+
+
+class RsdGroups:
+    def __init__(self, smi: RblnSmi, lock_file: pathlib.Path, lock_timeout: float = LOCK_TIMEOUT):
+        self._smi = smi
+        self._lock_file = lock_file
+        self._lock_timeout = lock_timeout
+
+    def recreate(self, devices: Sequence[DeviceRecord]) -> int:
+        """Put exactly `devices` into a new RSD group and return its id."""
+        wanted = {device.bus_id.lower(): device for device in devices}
+        try:
+            with held_flock(self._lock_file, self._lock_timeout):
+                listing = self._smi.groups()
+                members = {entry.bus_id.lower(): entry for entry in listing.devices if entry.bus_id.lower() in wanted}
+                missing = [device.device_id for bus, device in wanted.items() if bus not in members]
+                if missing:
+                    raise RsdGroupError(f"rbln-smi does not list {', '.join(sorted(missing))}")
+                stale = sorted({entry.group_id for entry in members.values()
+                                if entry.group_id not in (None, DEFAULT_GROUP)})
+                used = {entry.group_id for entry in listing.devices if entry.group_id is not None}
+                if stale:
+                    self._smi.destroy_groups(stale)
+                group_id = next_group_id(used - set(stale))
+                self._smi.create_group(group_id, [members[device.bus_id.lower()].npu for device in devices])
+                return group_id
+        except RblnSmiError as exc:
+            raise RsdGroupError(str(exc)) from None

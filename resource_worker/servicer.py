@@ -1,0 +1,150 @@
+"""The kubelet-facing DevicePlugin service of one resource.
+
+Every handler answers whatever it is sent: a bad request gets a gRPC error
+(Allocate) or an empty answer (GetPreferredAllocation), never a dead worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+from loguru import logger
+
+from resource_worker.allocation import AllocationError, Allocator, ContainerAllocation, ErrorKind
+from resource_worker.device_table import Advertised, DeviceTable
+from resource_worker.placement import PlacementRequestError, candidate_from_record, preferred_allocation
+from resource_worker.streams import StreamTracker
+from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+_STATUS_CODES = {
+    ErrorKind.INVALID_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.UNKNOWN_DEVICE: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNHEALTHY_DEVICE: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.RSD_GROUP_FAILED: grpc.StatusCode.INTERNAL,
+    ErrorKind.DEVICE_NODE_MISSING: grpc.StatusCode.INTERNAL,
+}
+# How often an idle ListAndWatch stream wakes to notice that it must end.
+_STREAM_WAKE_SECONDS = 1.0
+_LOGGED_IDS = 64
+
+
+def device_list(devices: Sequence[Advertised]) -> api_pb2.ListAndWatchResponse:
+    response = api_pb2.ListAndWatchResponse()
+    for advertised in devices:
+        device = response.devices.add(ID=advertised.device_id, health=advertised.health.health.value)
+        if advertised.record.numa_node is not None:
+            device.topology.nodes.add(ID=advertised.record.numa_node)
+    return response
+
+
+def container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+    response = api_pb2.ContainerAllocateResponse(annotations=allocation.annotations)
+    for node in allocation.nodes:
+        response.devices.add(container_path=node.container_path, host_path=node.host_path,
+                             permissions=node.permissions)
+    return response
+
+
+def _ms(since: float) -> float:
+    return round((time.monotonic() - since) * 1000, 3)
+
+
+def _logged(ids: Sequence[str]) -> list[str]:
+    """IDs as a log record carries them: bounded in count and length."""
+    return [i[:64] for i in ids[:_LOGGED_IDS]]
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, table: DeviceTable, allocator: Allocator, streams: StreamTracker,
+                 stopping: threading.Event):
+        self._table = table
+        self._allocator = allocator
+        self._streams = streams
+        self._stopping = stopping
+        self._resource = table.resource.value
+
+    def GetDevicePluginOptions(self, request, context):
+        return OPTIONS
+
+    def ListAndWatch(self, request, context):
+        ended = threading.Event()
+
+        def on_end() -> None:
+            ended.set()
+            self._table.wake_all()
+
+        context.add_callback(on_end)
+        self._streams.opened()
+        try:
+            sent = None
+            while not ended.is_set() and not self._stopping.is_set():
+                generation, devices = self._table.snapshot()
+                if generation != sent:
+                    # Yielding after the client cancelled would block forever.
+                    if not context.is_active():
+                        break
+                    logger.debug("Sending device list to kubelet", resourceName=self._resource,
+                                 deviceIDs=_logged([d.device_id for d in devices]))
+                    yield device_list(devices)
+                    sent = generation
+                self._table.wait_for_change(sent, _STREAM_WAKE_SECONDS)
+        finally:
+            self._streams.closed(by_kubelet=not self._stopping.is_set())
+
+    def GetPreferredAllocation(self, request, context):
+        response = api_pb2.PreferredAllocationResponse()
+        candidates = {a.device_id: candidate_from_record(a.record) for a in self._table.devices()}
+        for container in request.container_requests:
+            chosen: list[str] = []
+            try:
+                chosen = preferred_allocation(candidates, list(container.available_deviceIDs),
+                                              list(container.must_include_deviceIDs), container.allocation_size)
+                logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=chosen,
+                             size=container.allocation_size)
+            except PlacementRequestError as exc:
+                self._fallback(container, str(exc))
+            except Exception as exc:  # never an error to the kubelet: it would fail pod admission
+                self._fallback(container, f"internal error: {type(exc).__name__}: {exc}")
+            response.container_responses.add(deviceIDs=chosen)
+        return response
+
+    def _fallback(self, container, reason: str) -> None:
+        logger.warning("Preferred allocation fallback to kubelet", resourceName=self._resource, err=reason[:512],
+                       available=_logged(list(container.available_deviceIDs)),
+                       mustInclude=_logged(list(container.must_include_deviceIDs)),
+                       size=container.allocation_size)
+
+    def Allocate(self, request, context):
+        started = time.monotonic()
+        requested = [list(c.devices_ids) for c in request.container_requests]
+        all_ids = _logged([i for ids in requested for i in ids])
+        try:
+            containers = self._allocator.validate(requested)
+            responses = [self._allocate_container(devices) for devices in containers]
+        except AllocationError as exc:
+            logger.error("Container allocation failed", resourceName=self._resource,
+                         deviceIDs=exc.device_ids[:_LOGGED_IDS] or all_ids, err=str(exc), durationMs=_ms(started))
+            context.abort(_STATUS_CODES[exc.kind], str(exc))
+        except Exception as exc:
+            logger.opt(exception=True).error("Container allocation failed", resourceName=self._resource,
+                                             deviceIDs=all_ids, err=f"{type(exc).__name__}: {exc}",
+                                             durationMs=_ms(started))
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error allocating {', '.join(all_ids)}: {exc}")
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def _allocate_container(self, devices: Sequence[Advertised]) -> api_pb2.ContainerAllocateResponse:
+        started = time.monotonic()
+        ids = [d.device_id for d in devices]
+        bus_ids = sorted(d.record.bus_id for d in devices)
+        logger.info("Starting container allocation", resourceName=self._resource, deviceIDs=ids, busIDs=bus_ids)
+        allocation = self._allocator.allocate_container(devices)
+        logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=allocation.device_ids,
+                    busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started))
+        return container_response(allocation)
+
+    def PreStartContainer(self, request, context):
+        return api_pb2.PreStartContainerResponse()

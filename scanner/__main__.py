@@ -1,0 +1,3 @@
+from scanner.main import main
+
+main()

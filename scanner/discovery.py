@@ -1,0 +1,106 @@
+"""One scan of the node: rbln-smi inventory + sysfs (SR-IOV, NUMA, PCI path, status) -> per-resource devices."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from collections.abc import Callable
+
+from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.pci_path import resolve_pci_path
+from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
+from shared.resources import Resource
+from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov
+from shared.status import read_status
+
+Clock = Callable[[], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    device: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanResult:
+    inventories: dict[Resource, tuple[DeviceRecord, ...]]
+    """Every resource, the absent ones empty."""
+    error: str | None = None
+    """Why discovery failed; the inventories are then all empty."""
+    excluded: tuple[Exclusion, ...] = ()
+    """Devices left out of every resource, with the reason (not hosting PFs: those are expected)."""
+    smi_seconds: float = 0.0
+
+
+def empty_inventories() -> dict[Resource, tuple[DeviceRecord, ...]]:
+    return {resource: () for resource in Resource}
+
+
+def resource_for(role: SriovRole) -> Resource | None:
+    """Where a device is advertised: plain PFs as npu, VFs by their PF's VF count; None = not advertised."""
+    if role.kind is SriovKind.PLAIN_PF:
+        return Resource.NPU
+    if role.kind is SriovKind.VF:
+        return Resource.for_vf_count(role.num_vfs)
+    return None
+
+
+def _classify(smi: SmiDevice, sysfs_root: pathlib.Path) -> tuple[Resource | None, SriovRole | None, str | None]:
+    """(resource, role, exclusion reason) of one listed device."""
+    if not is_valid_device_id(smi.device):
+        return None, None, f"device name {smi.device[:80]!r} is not a valid device ID"
+    if not BUS_ID_PATTERN.match(smi.bus_id):
+        return None, None, f"PCI address {smi.bus_id[:80]!r} is malformed"
+    try:
+        role = probe_sriov(sysfs_root, smi.bus_id)
+    except SriovError as exc:
+        return None, None, str(exc)
+    if role.kind is SriovKind.VF and not BUS_ID_PATTERN.match(role.parent_pf or ""):
+        return None, None, f"parent PF address {role.parent_pf!r} is malformed"
+    resource = resource_for(role)
+    if resource is None and role.kind is SriovKind.VF:
+        return None, role, (f"its PF {role.parent_pf} is partitioned into {role.num_vfs} VFs; "
+                            f"only 1 (npu-vf1) and 4 (npu-vf4) are supported")
+    return resource, role, None
+
+
+def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_ns) -> ScanResult:
+    started = time.monotonic()
+    try:
+        listing = smi.inventory()
+    except RblnSmiError as exc:
+        return ScanResult(empty_inventories(), error=str(exc), smi_seconds=time.monotonic() - started)
+    smi_seconds = time.monotonic() - started
+
+    found: dict[Resource, list[DeviceRecord]] = {resource: [] for resource in Resource}
+    excluded = [Exclusion("?", reason) for reason in listing.rejected]
+    seen: set[str] = set()
+    for entry in listing.devices:
+        if entry.device in seen:
+            excluded.append(Exclusion(entry.device, "listed more than once by rbln-smi"))
+            continue
+        seen.add(entry.device)
+        resource, role, reason = _classify(entry, sysfs_root)
+        if reason is not None:
+            excluded.append(Exclusion(entry.device, reason))
+        if resource is None or role is None:
+            continue
+        # Stamped before the read: an observation is never newer than the state it saw.
+        observed_at_ns = clock()
+        found[resource].append(DeviceRecord(
+            device_id=entry.device,
+            npu=entry.npu,
+            bus_id=entry.bus_id,
+            product=entry.name,
+            sid=entry.sid,
+            numa_node=numa_node(sysfs_root, entry.bus_id, entry.numa_node),
+            parent_pf=role.parent_pf,
+            pci_path=resolve_pci_path(sysfs_root, entry.bus_id),
+            status=read_status(sysfs_root, entry.device),
+            observed_at_ns=observed_at_ns,
+        ))
+    inventories = {resource: tuple(sorted(devices, key=lambda d: d.device_id))
+                   for resource, devices in found.items()}
+    return ScanResult(inventories, excluded=tuple(excluded), smi_seconds=smi_seconds)

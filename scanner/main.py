@@ -1,0 +1,77 @@
+"""The scanner process: scan the node every interval and publish each resource's inventory."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import zmq
+from loguru import logger
+
+from scanner.cdi import remove_stale_specs
+from scanner.discovery import Exclusion, ScanResult, scan
+from scanner.publisher import InventoryPublisher
+from shared import ipc
+from shared.config import Settings, ensure_private_dir
+from shared.process import ShutdownSignal, start_process
+from shared.rbln_smi import RblnSmi
+from shared.resources import Resource
+
+PROCESS = "scanner"
+
+
+class ScanReporter:
+    """Logs what a scan found that an operator must know, without repeating a steady state."""
+
+    def __init__(self) -> None:
+        self._excluded: frozenset[Exclusion] = frozenset()
+        self._failing = False
+
+    def report(self, result: ScanResult, duration: float) -> None:
+        if result.error is not None:
+            # Repeated on every scan: the node has no usable device until this clears.
+            logger.error("Device discovery failed; reporting zero devices until it recovers", err=result.error)
+        elif self._failing:
+            logger.info("Device discovery recovered")
+        self._failing = result.error is not None
+        excluded = frozenset(result.excluded)
+        for exclusion in sorted(excluded - self._excluded, key=lambda e: e.device):
+            logger.error("Device excluded from advertisement", device=exclusion.device, err=exclusion.reason)
+        self._excluded = excluded if result.error is None else self._excluded
+        logger.debug("Reconciled device inventory", durationMs=round(duration * 1000, 3),
+                     smiMs=round(result.smi_seconds * 1000, 3),
+                     deviceCount=sum(len(d) for d in result.inventories.values()),
+                     resources={r.value: len(d) for r, d in result.inventories.items() if d})
+
+
+def run(settings: Settings, shutdown: ShutdownSignal) -> None:
+    ensure_private_dir(settings.run_dir)
+    remove_stale_specs(settings.cdi_root)
+    smi = RblnSmi(settings.rbln_smi)
+    epoch = uuid.uuid4().hex
+    sequence = {resource: 0 for resource in Resource}
+    reporter = ScanReporter()
+    context = zmq.Context()
+    publisher = InventoryPublisher(context, settings.run_dir)
+    publisher.start()
+    try:
+        while not shutdown.is_set():
+            started = time.monotonic()
+            result = scan(smi, settings.sysfs_root)
+            scanned_at = time.monotonic_ns()
+            for resource, devices in result.inventories.items():
+                sequence[resource] += 1
+                publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
+                                                       devices, result.error))
+            reporter.report(result, time.monotonic() - started)
+            shutdown.wait(max(0.0, started + settings.device_scan_interval - time.monotonic()))
+    finally:
+        publisher.stop()
+        context.term()
+
+
+def main() -> None:
+    settings = start_process(PROCESS)
+    shutdown = ShutdownSignal().install()
+    run(settings, shutdown)
+    logger.info("Shutdown")

@@ -1,0 +1,46 @@
+"""`rbln-device-plugin`: the command operators and the container entrypoint use."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared.version import VERSION
+
+
+class _StderrParser(argparse.ArgumentParser):
+    """stdout carries only log records, so help, version and usage go to stderr."""
+
+    def _print_message(self, message, file=None):  # noqa: D401 - argparse hook
+        if message:
+            sys.stderr.write(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shared.launcher import add_run_flags
+
+    parser = _StderrParser(prog="rbln-device-plugin",
+                           description="Kubernetes device plugin for Rebellions NPUs.")
+    parser.add_argument("--version", action="version", version=f"rbln-device-plugin {VERSION}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_StderrParser)
+
+    run = commands.add_parser("run", help="run the stack in the foreground under supervisord (the entrypoint)")
+    add_run_flags(run)
+
+    simulate = commands.add_parser("simulate", help="run the stack on a simulated node with a simulated kubelet")
+    from simulator.demo import add_arguments
+
+    add_arguments(simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        from shared.launcher import run
+
+        run(args)
+    elif args.command == "simulate":
+        from simulator.demo import simulate
+
+        raise SystemExit(simulate(args))

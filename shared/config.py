@@ -1,0 +1,145 @@
+"""Configuration shared by every process of the stack (CONTRACT §2).
+
+Every setting has a flag on `rbln-device-plugin run`, an environment variable
+and a default. `run` turns its flags into environment variables, and every
+process reads the same environment through `Settings.from_environ`, so the
+scanner, the workers and the watchdog can never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shared.durations import format_duration, parse_duration
+
+
+class ConfigError(ValueError):
+    """A setting has a value the stack cannot run with; the message names it."""
+
+
+def _path(text: str) -> pathlib.Path:
+    if not text:
+        raise ValueError("must not be empty")
+    return pathlib.Path(text)
+
+
+def _optional_path(text: str) -> pathlib.Path | None:
+    return pathlib.Path(text) if text else None
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text.strip())
+    except ValueError:
+        raise ValueError("not an integer") from None
+    if port > 65535:
+        raise ValueError("above 65535")
+    return port
+
+
+def _interval(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError("must be positive")
+    return seconds
+
+
+def _endpoint(text: str) -> str:
+    return text.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    field: str
+    flag: str | None
+    env: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi", _path,
+           "CDI spec directory; stale transient specs are removed at start"),
+    Option("kubelet_device_plugin_path", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
+           "/var/lib/kubelet/device-plugins", _path, "kubelet device plugin socket directory"),
+    Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515", _port,
+           "gRPC health service port; negative disables it"),
+    Option("device_scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL", "5s", _interval,
+           "how often devices and their health are rescanned (Go duration: 500ms, 5s, 1m)"),
+    Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "", _endpoint,
+           "OTLP gRPC endpoint for allocation traces (host:port insecure, https://... TLS); empty disables"),
+    Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys", _path, "root of the sysfs tree"),
+    Option("dev_root", "--dev-root", "DEV_ROOT", "/dev", _path, "where device nodes are looked up"),
+    Option("rbln_smi", "--rbln-smi", "RBLN_SMI", "", _optional_path,
+           "rbln-smi binary; empty searches the usual driver locations, then PATH"),
+    Option("rsd_lock_file", "--rsd-lock-file", "RBLN_RSD_LOCK_FILE", "/var/run/rbln-rsd-group.lock", _path,
+           "flock serialising RSD group changes across processes"),
+    Option("run_dir", "--run-dir", "RBLN_DEVICE_PLUGIN_RUN_DIR", "/run/rbln-device-plugin", _path,
+           "private runtime directory (IPC sockets, supervisord socket)"),
+    Option("log_dir", None, "RBLN_DEVICE_PLUGIN_LOG_DIR", "/var/log/rbln-device-plugin", _optional_path,
+           "per-process rotated log files; empty disables"),
+    Option("node_name", None, "NODE_NAME", "", str, "node name on traces and the startup log"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    cdi_root: pathlib.Path
+    kubelet_device_plugin_path: pathlib.Path
+    healthcheck_port: int
+    device_scan_interval: float
+    otlp_endpoint: str
+    sysfs_root: pathlib.Path
+    dev_root: pathlib.Path
+    rbln_smi: pathlib.Path | None
+    rsd_lock_file: pathlib.Path
+    run_dir: pathlib.Path
+    log_dir: pathlib.Path | None
+    node_name: str
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for option in OPTIONS:
+            text = environ.get(option.env, option.default)
+            try:
+                values[option.field] = option.parse(text)
+            except ValueError as exc:
+                raise ConfigError(f"invalid {option.env} {text!r}: {exc}") from None
+        if not values["node_name"]:
+            values["node_name"] = socket.gethostname()
+        return cls(**values)
+
+    @property
+    def kubelet_socket(self) -> pathlib.Path:
+        return self.kubelet_device_plugin_path / "kubelet.sock"
+
+    def log_fields(self) -> dict[str, Any]:
+        """The resolved configuration, as the startup record carries it."""
+        return {
+            "cdiRoot": str(self.cdi_root),
+            "kubeletDevicePluginPath": str(self.kubelet_device_plugin_path),
+            "healthcheckPort": self.healthcheck_port,
+            "deviceScanInterval": format_duration(self.device_scan_interval),
+            "otlpEndpoint": self.otlp_endpoint,
+            "sysfsRoot": str(self.sysfs_root),
+            "devRoot": str(self.dev_root),
+            "rblnSmi": str(self.rbln_smi) if self.rbln_smi else "",
+            "rsdLockFile": str(self.rsd_lock_file),
+            "runDir": str(self.run_dir),
+            "logDir": str(self.log_dir) if self.log_dir else "",
+            "nodeName": self.node_name,
+        }
+
+
+def ensure_private_dir(path: pathlib.Path) -> None:
+    """Create `path` (and parents) if needed and make it 0700: it holds control sockets."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)

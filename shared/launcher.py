@@ -1,0 +1,69 @@
+"""`rbln-device-plugin run`: turn flags into the stack's environment and exec supervisord.
+
+supervisord replaces this process, so in a container it is PID 1 and receives
+the kubelet's termination signal directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+from collections.abc import Mapping
+
+from shared.config import OPTIONS, ConfigError, Settings, ensure_private_dir
+
+PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    for option in OPTIONS:
+        if option.flag:
+            parser.add_argument(option.flag, dest=option.field, metavar=option.env,
+                                help=f"{option.help} (env {option.env}, default {option.default or 'empty'})")
+
+
+def supervisor_conf() -> pathlib.Path:
+    """The installed copy inside the package, else the one at the top of a source tree."""
+    package_dir = pathlib.Path(__file__).resolve().parent
+    for candidate in (package_dir / "supervisor.conf", package_dir.parent / "supervisor.conf"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("supervisor.conf is neither installed with the package nor in the source tree")
+
+
+def stack_environment(args: argparse.Namespace, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment every process of the stack gets: flags win over inherited variables,
+    and every setting is present (supervisor.conf expands some of them)."""
+    environ = dict(base)
+    for option in OPTIONS:
+        value = getattr(args, option.field, None)
+        if value is not None:
+            environ[option.env] = value
+        environ.setdefault(option.env, option.default)
+    environ[PYTHON_ENV] = sys.executable
+    return environ
+
+
+def supervisord_argv(conf: pathlib.Path) -> list[str]:
+    return [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(conf)]
+
+
+def run(args: argparse.Namespace) -> None:
+    environ = stack_environment(args, os.environ)
+    try:
+        settings = Settings.from_environ(environ)
+    except ConfigError as exc:
+        print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        ensure_private_dir(settings.run_dir)
+    except OSError as exc:
+        print(f"rbln-device-plugin run: cannot create RBLN_DEVICE_PLUGIN_RUN_DIR {settings.run_dir}: {exc}",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    argv = supervisord_argv(supervisor_conf())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, environ)

@@ -1,0 +1,212 @@
+"""Calls to the `rbln-smi` tool and parsing of its JSON (CONTRACT §3).
+
+Every call is bounded in time and in output size: a hung or babbling tool
+turns into an `RblnSmiError`, never into a stuck or bloated process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import selectors
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+SEARCH_PATHS = (
+    "/usr/bin/rbln-smi",
+    "/run/rbln/driver/usr/bin/rbln-smi",
+    "/host/usr/bin/rbln-smi",
+    "/host/driver/usr/bin/rbln-smi",
+)
+LIST_TIMEOUT = 5.0
+GROUP_CHANGE_TIMEOUT = 10.0
+MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+_ERROR_EXCERPT = 2048
+
+
+class RblnSmiError(RuntimeError):
+    """rbln-smi could not be run or gave an answer that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SmiDevice:
+    """One entry of `rbln-smi -j` / `-g -j`, reduced to what the plugin uses."""
+
+    device: str
+    npu: int | str
+    name: str
+    sid: str
+    bus_id: str
+    numa_node: str
+    group_id: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SmiListing:
+    devices: tuple[SmiDevice, ...]
+    rejected: tuple[str, ...]
+    """Why entries were left out (missing or mistyped fields), one line each."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+    returncode: int
+    output: bytes
+    duration: float
+
+
+Runner = Callable[[Sequence[str], float], CallResult]
+
+
+def _excerpt(output: bytes) -> str:
+    text = output.decode("utf-8", "replace").strip()
+    if len(text) <= _ERROR_EXCERPT:
+        return text
+    half = _ERROR_EXCERPT // 2
+    return f"{text[:half]} … {text[-half:]}"
+
+
+def run_bounded(argv: Sequence[str], timeout: float) -> CallResult:
+    """Run `argv` with stdout and stderr combined; kill it past `timeout` or MAX_OUTPUT_BYTES."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
+    except OSError as exc:
+        raise RblnSmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    chunks: list[bytes] = []
+    size = 0
+    deadline = started + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RblnSmiError(f"{' '.join(argv)} timed out after {timeout:g}s")
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_OUTPUT_BYTES:
+                    raise RblnSmiError(f"{' '.join(argv)} printed more than {MAX_OUTPUT_BYTES} bytes")
+                chunks.append(chunk)
+            returncode = proc.wait(max(deadline - time.monotonic(), 0.001))
+        except subprocess.TimeoutExpired:
+            raise RblnSmiError(f"{' '.join(argv)} timed out after {timeout:g}s") from None
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+            proc.stdout.close()
+    return CallResult(returncode, b"".join(chunks), time.monotonic() - started)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    # start_new_session made the tool a group leader: its own children die with it.
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def locate(configured: pathlib.Path | None, search_path: str | None = None) -> pathlib.Path:
+    """The rbln-smi binary: the configured one, else the driver locations, else PATH."""
+    if configured is not None:
+        if not (configured.is_file() and os.access(configured, os.X_OK)):
+            raise RblnSmiError(f"rbln-smi at {configured} is not an executable file")
+        return configured
+    for candidate in SEARCH_PATHS:
+        path = pathlib.Path(candidate)
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    found = shutil.which("rbln-smi", path=search_path if search_path is not None else os.environ.get("PATH"))
+    if found:
+        return pathlib.Path(found)
+    raise RblnSmiError(f"rbln-smi not found in {', '.join(SEARCH_PATHS)} or PATH")
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _parse_device(entry: Any) -> SmiDevice:
+    if not isinstance(entry, dict):
+        raise ValueError("entry is not an object")
+    device = entry.get("device")
+    if not isinstance(device, str) or not device:
+        raise ValueError("missing 'device' name")
+    npu = entry.get("npu")
+    if isinstance(npu, bool) or not isinstance(npu, (int, str)) or npu == "":
+        raise ValueError(f"{device}: 'npu' must be an integer or a string")
+    pci = entry.get("pci") or {}
+    if not isinstance(pci, dict):
+        raise ValueError(f"{device}: 'pci' is not an object")
+    bus_id = pci.get("bus_id")
+    if not isinstance(bus_id, str):
+        raise ValueError(f"{device}: missing 'pci.bus_id'")
+    group_raw = entry.get("group_id")
+    group_id: int | None = None
+    if group_raw is not None and group_raw != "":
+        try:
+            group_id = int(group_raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{device}: 'group_id' {group_raw!r} is not an integer") from None
+    return SmiDevice(device=device, npu=npu, name=_text(entry.get("name")), sid=_text(entry.get("sid")),
+                     bus_id=bus_id, numa_node=_text(pci.get("numa_node")), group_id=group_id)
+
+
+def parse_listing(output: bytes) -> SmiListing:
+    """Parse `rbln-smi -j` / `-g -j` output; entries that cannot be used are listed in `rejected`."""
+    try:
+        document = json.loads(output)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RblnSmiError(f"rbln-smi printed invalid JSON: {exc}: {_excerpt(output)}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("devices", []), list):
+        raise RblnSmiError("rbln-smi JSON has no 'devices' list")
+    devices, rejected = [], []
+    for entry in document.get("devices") or []:
+        try:
+            devices.append(_parse_device(entry))
+        except ValueError as exc:
+            rejected.append(str(exc))
+    return SmiListing(tuple(devices), tuple(rejected))
+
+
+class RblnSmi:
+    """The four rbln-smi commands the plugin uses. The binary is located on every call,
+    so a tool that appears (or disappears) after start-up is picked up."""
+
+    def __init__(self, configured: pathlib.Path | None, runner: Runner = run_bounded,
+                 list_timeout: float = LIST_TIMEOUT, change_timeout: float = GROUP_CHANGE_TIMEOUT):
+        self._configured = configured
+        self._runner = runner
+        self._list_timeout = list_timeout
+        self._change_timeout = change_timeout
+
+    def _call(self, args: Sequence[str], timeout: float) -> bytes:
+        binary = locate(self._configured)
+        result = self._runner([str(binary), *args], timeout)
+        if result.returncode != 0:
+            raise RblnSmiError(f"rbln-smi {' '.join(args)} exited with status {result.returncode}: "
+                               f"{_excerpt(result.output)}")
+        return result.output
+
+    def inventory(self) -> SmiListing:
+        return parse_listing(self._call(["-j"], self._list_timeout))
+
+    def groups(self) -> SmiListing:
+        return parse_listing(self._call(["-g", "-j"], self._list_timeout))
+
+    def destroy_groups(self, group_ids: Sequence[int]) -> None:
+        self._call(["group", "-d", ",".join(str(g) for g in group_ids)], self._change_timeout)
+
+    def create_group(self, group_id: int, npus: Sequence[int | str]) -> None:
+        self._call(["group", "-c", str(group_id), "-a", ",".join(str(n) for n in npus)], self._change_timeout)

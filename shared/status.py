@@ -1,0 +1,89 @@
+"""The driver's device lifecycle status, as read from sysfs: one enum, one parser, one reader.
+
+`$SYSFS_ROOT/class/rebellions/<device>/status` holds an integer. A file that is
+missing, unreadable or malformed gives an UNREADABLE reading: that is not a
+status of the device, only the absence of one, and the health policy treats it so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import pathlib
+import re
+
+# A status file holds a few digits; anything longer is junk, and reading a
+# huge file must not cost memory or time.
+MAX_STATUS_BYTES = 64
+_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
+
+
+class KernelStatus(enum.IntEnum):
+    READY = 0
+    BUSY = 1
+    PROBING = 2
+    INIT = 3
+    FAULT = 4
+    FINISH = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusReading:
+    """One read of a status file. `code` is None when nothing numeric could be read."""
+
+    code: int | None
+
+    @property
+    def readable(self) -> bool:
+        return self.code is not None
+
+    @property
+    def ready(self) -> bool:
+        return self.code == KernelStatus.READY
+
+    @property
+    def name(self) -> str:
+        """READY, BUSY, ... for known codes, UNKNOWN(n) for others, UNREADABLE without a code."""
+        if self.code is None:
+            return "UNREADABLE"
+        try:
+            return KernelStatus(self.code).name
+        except ValueError:
+            return f"UNKNOWN({self.code})"
+
+
+UNREADABLE = StatusReading(None)
+
+
+def parse_status(raw: bytes) -> StatusReading:
+    """Parse a status file's bytes: an optionally signed decimal integer, whitespace trimmed."""
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return UNREADABLE
+    if not _INTEGER.fullmatch(text):
+        return UNREADABLE
+    return StatusReading(int(text))
+
+
+def status_path(sysfs_root: pathlib.Path, device_id: str) -> pathlib.Path:
+    return sysfs_root / "class" / "rebellions" / device_id / "status"
+
+
+def read_status(sysfs_root: pathlib.Path, device_id: str) -> StatusReading:
+    """Read one device's status; never raises. `device_id` must be a validated device name."""
+    try:
+        fd = os.open(status_path(sysfs_root, device_id), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return UNREADABLE
+    try:
+        raw = os.read(fd, MAX_STATUS_BYTES + 1)
+    except OSError:
+        # EISDIR for a directory in place of the file, EIO from a failing driver.
+        return UNREADABLE
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_STATUS_BYTES:
+        return UNREADABLE
+    return parse_status(raw)

@@ -1,0 +1,66 @@
+import pathlib
+
+import pytest
+
+from shared.config import ConfigError, Settings
+from shared.durations import format_duration, parse_duration
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("500ms", 0.5), ("5s", 5.0), ("1m", 60.0), ("1m30s", 90.0), ("1.5s", 1.5), ("2h", 7200.0),
+    ("300us", 0.0003), ("0", 0.0), ("10ns", 1e-8),
+])
+def test_go_durations_parse(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["5", "abc", "", "5x", "-", "s", "1.s5"])
+def test_bad_durations_are_rejected(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds,text", [(5, "5s"), (0.5, "500ms"), (60, "1m"), (90, "1m30s")])
+def test_durations_render_like_go(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_defaults_follow_the_contract():
+    settings = Settings.from_environ({"NODE_NAME": "node-a"})
+    assert settings.cdi_root == pathlib.Path("/var/run/cdi")
+    assert settings.kubelet_device_plugin_path == pathlib.Path("/var/lib/kubelet/device-plugins")
+    assert settings.kubelet_socket == pathlib.Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+    assert settings.healthcheck_port == 51515
+    assert settings.device_scan_interval == 5.0
+    assert settings.otlp_endpoint == ""
+    assert settings.sysfs_root == pathlib.Path("/sys")
+    assert settings.dev_root == pathlib.Path("/dev")
+    assert settings.rbln_smi is None
+    assert settings.rsd_lock_file == pathlib.Path("/var/run/rbln-rsd-group.lock")
+    assert settings.run_dir == pathlib.Path("/run/rbln-device-plugin")
+    assert settings.log_dir == pathlib.Path("/var/log/rbln-device-plugin")
+    assert settings.node_name == "node-a"
+
+
+def test_environment_overrides_and_empty_values():
+    settings = Settings.from_environ({"DEVICE_SCAN_INTERVAL": "250ms", "HEALTHCHECK_PORT": "-1",
+                                      "RBLN_DEVICE_PLUGIN_LOG_DIR": "", "RBLN_SMI": "/opt/rbln-smi"})
+    assert settings.device_scan_interval == 0.25
+    assert settings.healthcheck_port == -1
+    assert settings.log_dir is None
+    assert settings.rbln_smi == pathlib.Path("/opt/rbln-smi")
+    assert settings.node_name  # falls back to the host name
+
+
+@pytest.mark.parametrize("env,value,fragment", [
+    ("DEVICE_SCAN_INTERVAL", "5", "missing unit"),
+    ("DEVICE_SCAN_INTERVAL", "0s", "must be positive"),
+    ("HEALTHCHECK_PORT", "http", "not an integer"),
+    ("HEALTHCHECK_PORT", "70000", "above 65535"),
+    ("SYSFS_ROOT", "", "must not be empty"),
+])
+def test_bad_settings_name_the_variable(env, value, fragment):
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_environ({env: value})
+    message = str(caught.value)
+    assert env in message and fragment in message and "\n" not in message

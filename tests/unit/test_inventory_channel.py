@@ -1,0 +1,121 @@
+"""The scanner's publisher and a worker's subscriber over real ZeroMQ ipc sockets."""
+
+import os
+import queue
+import stat
+
+import pytest
+import zmq
+
+from resource_worker.subscriber import InventorySubscriber, SyncState
+from scanner.publisher import InventoryPublisher
+from shared import ipc
+from shared.resources import Resource
+from tests.unit.test_ipc import message, record
+
+
+@pytest.fixture
+def channel(short_tmp):
+    context = zmq.Context()
+    publisher = InventoryPublisher(context, short_tmp)
+    publisher.start()
+    received: queue.Queue = queue.Queue()
+    subscribers = []
+
+    def subscribe(resource=Resource.NPU, timeout=5.0):
+        subscriber = InventorySubscriber(context, short_tmp, resource, received.put, heartbeat_timeout=timeout)
+        subscriber.start()
+        subscribers.append(subscriber)
+        return subscriber
+
+    yield publisher, subscribe, received
+    for subscriber in subscribers:
+        subscriber.stop()
+    publisher.stop()
+    context.term()
+
+
+def test_late_subscriber_gets_the_snapshot_then_only_newer_updates(channel, short_tmp):
+    publisher, subscribe, received = channel
+    publisher.publish(message(seq=1))
+    publisher.publish(message(seq=2, devices=(record(), record("rbln1", bus_id="0000:04:00.0"))))
+    subscribe()
+    snapshot = received.get(timeout=5)
+    assert snapshot.seq == 2 and [d.device_id for d in snapshot.devices] == ["rbln0", "rbln1"]
+    assert publish_until_received(publisher, received, message(seq=3, devices=())).devices == ()
+
+
+def test_snapshot_request_before_the_first_scan_is_answered_by_it(channel):
+    publisher, subscribe, received = channel
+    subscribe(Resource.NPU_VF4)
+    publisher.publish(message(seq=1, resource=Resource.NPU))  # another resource's topic
+    publisher.publish(message(seq=1, resource=Resource.NPU_VF4, devices=()))
+    got = received.get(timeout=5)
+    assert got.resource is Resource.NPU_VF4 and got.devices == ()
+
+
+def publish_until_received(publisher, received, sent):
+    """Republish `sent` until it arrives: the SUB socket's subscription reaches the publisher
+    asynchronously (ZeroMQ's slow joiner), and duplicates are dropped by sequence number."""
+    for _ in range(100):
+        publisher.publish(sent)
+        try:
+            return received.get(timeout=0.05)
+        except queue.Empty:
+            continue
+    raise AssertionError("the update never arrived")
+
+
+def test_gap_and_epoch_change_trigger_a_resync(channel):
+    publisher, subscribe, received = channel
+    publisher.publish(message(seq=1))
+    subscriber = subscribe()
+    assert received.get(timeout=5).seq == 1
+    assert publish_until_received(publisher, received, message(seq=2)).seq == 2
+    publisher.publish(message(seq=5))  # a gap: the subscriber resyncs from the snapshot, which is seq 5
+    assert received.get(timeout=5).seq == 5
+    publisher.publish(message(seq=1, epoch="e2"))  # the scanner restarted
+    got = received.get(timeout=5)
+    assert (got.epoch, got.seq) == ("e2", 1)
+    assert subscriber.state is not SyncState.INITIAL
+
+
+def test_missed_heartbeat_resyncs_and_keeps_going(channel):
+    publisher, subscribe, received = channel
+    publisher.publish(message(seq=1))
+    subscribe(timeout=0.3)
+    assert received.get(timeout=5).seq == 1
+    # No update for longer than the heartbeat timeout: the subscriber re-requests the snapshot.
+    assert received.get(timeout=5).seq == 1
+
+
+def test_malformed_updates_are_ignored_and_the_last_good_state_kept(channel):
+    publisher, subscribe, received = channel
+    publisher.publish(message(seq=1))
+    subscribe()
+    assert received.get(timeout=5).seq == 1
+    assert publish_until_received(publisher, received, message(seq=2)).seq == 2
+    publisher._pipe.send_multipart([ipc.topic(Resource.NPU), b"\xc1 not msgpack"])
+    publisher.publish(message(seq=3, devices=()))
+    got = received.get(timeout=5)
+    assert got.seq == 3 and received.empty()
+
+
+def test_junk_snapshot_requests_do_not_stop_the_publisher(channel, short_tmp):
+    publisher, subscribe, received = channel
+    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rogue.connect(ipc.endpoints(short_tmp)[1])
+    rogue.send_multipart([b"junk"])
+    rogue.send_multipart([ipc.SNAPSHOT_REQUEST, b"nvidia.com/gpu"])
+    rogue.send_multipart([b"x" * 10_000])
+    publisher.publish(message(seq=1))
+    subscribe()
+    assert received.get(timeout=5).seq == 1
+    rogue.close(linger=0)
+
+
+def test_ipc_sockets_are_owner_only(channel, short_tmp):
+    publisher, _, _ = channel
+    for endpoint in ipc.endpoints(short_tmp):
+        mode = stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode)
+        assert mode == 0o600

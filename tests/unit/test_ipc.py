@@ -1,0 +1,56 @@
+import msgpack
+import pytest
+
+from shared import ipc
+from shared.inventory import DeviceRecord
+from shared.resources import Resource
+from shared.status import StatusReading
+
+
+def record(device_id="rbln0", **overrides):
+    fields = dict(device_id=device_id, npu=0, bus_id="0000:03:00.0", product="RBLN-CA25", sid="abc",
+                  numa_node=0, parent_pf=None, pci_path=("pci0000:00", "0000:03:00.0"),
+                  status=StatusReading(0), observed_at_ns=123)
+    fields.update(overrides)
+    return DeviceRecord(**fields)
+
+
+def message(devices=(record(),), **overrides):
+    fields = dict(resource=Resource.NPU, epoch="e1", seq=1, scanned_at_ns=5, devices=tuple(devices))
+    fields.update(overrides)
+    return ipc.InventoryMessage(**fields)
+
+
+def test_round_trip_keeps_every_field():
+    original = message(devices=(record(), record("rbln0-1", npu="7", numa_node=None, parent_pf="0000:03:00.0",
+                                                 pci_path=None, status=StatusReading(None))),
+                       discovery_error=None)
+    assert ipc.decode(ipc.encode(original)) == original
+
+
+def _raw(**overrides):
+    raw = msgpack.unpackb(ipc.encode(message()))
+    raw.update(overrides)
+    return msgpack.packb(raw)
+
+
+@pytest.mark.parametrize("payload,fragment", [
+    (b"\xc1junk", "not msgpack"),
+    (msgpack.packb([1, 2]), "message has type list"),
+    (_raw(v=2), "schema version"),
+    (_raw(resource="nvidia.com/gpu"), "unknown resource"),
+    (_raw(seq=0), "not positive"),
+    (_raw(seq="1"), "seq has type str"),
+    (_raw(devices=[{"id": "../etc"}]), "not valid"),
+    (_raw(devices="x"), "devices has type str"),
+    (b"\x00" * (ipc.MAX_MESSAGE_BYTES + 1), "exceeds"),
+])
+def test_malformed_messages_are_rejected_with_a_reason(payload, fragment):
+    with pytest.raises(ipc.ProtocolError) as caught:
+        ipc.decode(payload)
+    assert fragment in str(caught.value)
+
+
+def test_duplicate_device_ids_are_rejected():
+    with pytest.raises(ipc.ProtocolError, match="twice"):
+        ipc.decode(ipc.encode(message(devices=(record(), record()))))
