@@ -10,16 +10,19 @@ import zmq
 from loguru import logger
 
 from resource_worker.allocation import Allocator
-from resource_worker.device_table import DeviceTable
+from resource_worker.device_table import DeviceTable, counts
 from resource_worker.plugin_server import PluginServer, remove_stale_sockets
 from resource_worker.registration import RegistrationError
 from resource_worker.rsd_group import RsdGroups
 from resource_worker.subscriber import InventorySubscriber
+from resource_worker.tracing import AllocationTracer, setup_tracing
+from shared import runtime_status
 from shared.config import Settings
 from shared.process import ShutdownSignal, start_process
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
 from shared.status import read_status
+from shared.version import VERSION
 
 # Checked this often even when nothing signals: the socket may vanish silently.
 _IDLE_CHECK_SECONDS = 1.0
@@ -41,8 +44,10 @@ class Backoff:
 
 
 class Worker:
-    def __init__(self, settings: Settings, resource: Resource, shutdown: ShutdownSignal):
+    def __init__(self, settings: Settings, resource: Resource, shutdown: ShutdownSignal,
+                 tracer: AllocationTracer):
         self._settings = settings
+        self._tracer = tracer
         self._resource = resource
         self._shutdown = shutdown
         # Set by anything the lifecycle loop must react to: inventory, streams, shutdown.
@@ -55,6 +60,7 @@ class Worker:
         self._registered = False
         self._waiting_logged = False
         self._backoff = Backoff()
+        self._reported: dict | None = None
 
     def on_inventory(self, message) -> None:
         self.table.apply(message)
@@ -67,10 +73,22 @@ class Worker:
         remove_stale_sockets(self._settings.kubelet_device_plugin_path, self._resource)
         while not self._shutdown.is_set():
             timeout = self._step()
+            self._report()
             self._attention.wait(timeout)
             self._attention.clear()
         if self._server is not None:
             self._server.stop()
+        runtime_status.remove_status(self._settings.run_dir, self._resource.process_name)
+
+    def _report(self) -> None:
+        """Keep the status file (read by the watchdog's readiness probe and `status`) current."""
+        status = {"resource": self._resource.value, "registered": self._registered,
+                  "streams": self._server.streams.open_streams if self._server else 0,
+                  "endpoint": self._server.socket_name if self._server else None,
+                  **counts(self.table.devices())}
+        if status != self._reported:
+            runtime_status.write_status(self._settings.run_dir, self._resource.process_name, status)
+            self._reported = status
 
     def _step(self) -> float:
         """Move one step towards the desired state; returns how long to wait before the next step."""
@@ -87,7 +105,7 @@ class Worker:
             self._server = None
         if self._server is None:
             self._server = PluginServer(self.table, self._allocator, self._settings.kubelet_device_plugin_path,
-                                        self.wake)
+                                        self.wake, self._tracer)
             self._server.serve()
             self._registered = False
         if self._registered and self._server.streams.take_dropped():
@@ -138,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     resource = parse_args(sys.argv[1:] if argv is None else argv)
     settings = start_process(resource.process_name, resourceName=resource.value)
     shutdown = ShutdownSignal().install()
-    worker = Worker(settings, resource, shutdown)
+    tracer = setup_tracing(settings.otlp_endpoint, VERSION, settings.node_name)
+    worker = Worker(settings, resource, shutdown, tracer)
     shutdown.on_request(worker.wake)
     context = zmq.Context()
     subscriber = InventorySubscriber(context, settings.run_dir, resource, worker.on_inventory,
@@ -149,4 +168,5 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         subscriber.stop()
         context.term()
+        tracer.shutdown()
     logger.info("Shutdown")

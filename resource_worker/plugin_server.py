@@ -24,6 +24,7 @@ from resource_worker.device_table import DeviceTable, counts
 from resource_worker.registration import register
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker
+from resource_worker.tracing import AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.resources import Resource
 
@@ -61,7 +62,7 @@ def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[s
 
 class PluginServer:
     def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
-                 on_stream_change: Callable[[], None]):
+                 on_stream_change: Callable[[], None], tracer: AllocationTracer):
         self._table = table
         self.streams = StreamTracker(on_stream_change)
         self._stopping = threading.Event()
@@ -70,7 +71,7 @@ class PluginServer:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS,
                                                               thread_name_prefix="grpc-device-plugin"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(table, allocator, self.streams, self._stopping), self._server)
+            DevicePluginServicer(table, allocator, self.streams, self._stopping, tracer), self._server)
 
     def serve(self) -> None:
         old_umask = os.umask(0o077)  # the socket file is created owner-only

@@ -11,7 +11,7 @@ from loguru import logger
 from scanner.cdi import remove_stale_specs
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.publisher import InventoryPublisher
-from shared import ipc
+from shared import ipc, runtime_status
 from shared.config import Settings, ensure_private_dir
 from shared.process import ShutdownSignal, start_process
 from shared.rbln_smi import RblnSmi
@@ -64,6 +64,11 @@ def run(settings: Settings, shutdown: ShutdownSignal) -> None:
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error))
             reporter.report(result, time.monotonic() - started)
+            runtime_status.write_status(settings.run_dir, PROCESS, {
+                "resources": {r.value: len(d) for r, d in result.inventories.items()},
+                "discoveryError": result.error,
+                "scanMs": round((time.monotonic() - started) * 1000, 3),
+            })
             shutdown.wait(max(0.0, started + settings.device_scan_interval - time.monotonic()))
     finally:
         publisher.stop()

@@ -59,7 +59,9 @@ def restrict_endpoint(endpoint: str) -> None:
 
 
 def topic(resource: Resource) -> bytes:
-    return resource.value.encode()
+    # ZeroMQ subscriptions match prefixes: the terminator keeps `rebellions.ai/npu`
+    # from also receiving `rebellions.ai/npu-vf4`.
+    return resource.value.encode() + b";"
 
 
 def _device_to_wire(device: DeviceRecord) -> dict[str, Any]:

@@ -74,8 +74,7 @@ def test_gap_and_epoch_change_trigger_a_resync(channel):
     assert publish_until_received(publisher, received, message(seq=2)).seq == 2
     publisher.publish(message(seq=5))  # a gap: the subscriber resyncs from the snapshot, which is seq 5
     assert received.get(timeout=5).seq == 5
-    publisher.publish(message(seq=1, epoch="e2"))  # the scanner restarted
-    got = received.get(timeout=5)
+    got = publish_until_received(publisher, received, message(seq=1, epoch="e2"))  # the scanner restarted
     assert (got.epoch, got.seq) == ("e2", 1)
     assert subscriber.state is not SyncState.INITIAL
 

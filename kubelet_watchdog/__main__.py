@@ -1,0 +1,3 @@
+from kubelet_watchdog.main import main
+
+main()

@@ -1,0 +1,60 @@
+"""Liveness and readiness of the stack, as plain functions of what supervisord and the status files say."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from shared.resources import Resource
+
+SCANNER = "scanner"
+WATCHDOG = "watchdog"
+WORKERS = tuple(resource.process_name for resource in Resource)
+PROGRAMS = (SCANNER, *WORKERS, WATCHDOG)
+# The scanner publishes every interval; three missed publications mean it is stuck.
+STALE_SCANS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str
+
+
+def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
+             now_monotonic: float, scan_interval: float) -> Verdict:
+    for name in PROGRAMS:
+        state = programs.get(name, {}).get("statename", "ABSENT")
+        if state != "RUNNING":
+            return Verdict(False, f"{name} is {state}")
+    limit = STALE_SCANS * scan_interval
+    info = programs[SCANNER]
+    if scanner is None or scanner.get("pid") != info.get("pid"):
+        uptime = info.get("now", 0) - info.get("start", 0)
+        if uptime > limit:
+            return Verdict(False, f"scanner has published nothing in {uptime:.0f}s")
+        return Verdict(True, "scanner starting")
+    age = now_monotonic - float(scanner.get("monotonic", 0))
+    if age > limit:
+        return Verdict(False, f"scanner's last publication is {age:.1f}s old")
+    return Verdict(True, "every program running, scanner publishing")
+
+
+def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
+              workers: Mapping[str, Mapping[str, Any] | None]) -> Verdict:
+    if scanner is None:
+        return Verdict(False, "no scan yet")
+    counts = scanner.get("resources", {})
+    for resource in Resource:
+        if not counts.get(resource.value):
+            continue
+        name = resource.process_name
+        status = workers.get(name)
+        if status is None or status.get("pid") != programs.get(name, {}).get("pid"):
+            return Verdict(False, f"{name} has not reported")
+        if not status.get("registered"):
+            return Verdict(False, f"{resource.value} is not registered")
+        if status.get("streams", 0) < 1:
+            return Verdict(False, f"{resource.value} has no ListAndWatch stream")
+    return Verdict(True, "every resource with devices registered and streaming")

@@ -1,0 +1,131 @@
+"""`rbln-device-plugin simulate`: the real stack on a simulated node, seen through a simulated kubelet."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import textwrap
+
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimDevice, SimulatedNode, build_node
+from simulator.spec import NodeSpec
+from simulator.stack import StackProcess
+
+DEFAULT_NODE = "2,1:vf1,1:vf4"
+START_TIMEOUT = 60.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", default=DEFAULT_NODE, metavar="SPEC",
+                        help="PFs of the node as COUNT[:MODE] groups, MODE none|vf1|vf4|vfN "
+                             f"(default {DEFAULT_NODE!r}: 2 plain PFs, one in vf1 mode, one in vf4 mode)")
+    parser.add_argument("--numa-nodes", type=int, default=2, help="NUMA nodes the PFs are spread over (default 2)")
+    parser.add_argument("--switches", type=int, default=2, help="PCIe switches the PFs hang under (default 2)")
+    parser.add_argument("--scan-interval", default="1s", help="DEVICE_SCAN_INTERVAL of the stack (default 1s)")
+    parser.add_argument("--watch", action="store_true",
+                        help="keep running and print what the kubelet sees on every change, until Ctrl-C")
+    parser.add_argument("--keep", action="store_true", help="keep the node's directory (and its logs) afterwards")
+
+
+def expected_resources(node: SimulatedNode) -> dict[str, list[str]]:
+    """What a correct plugin advertises for this node: resource -> device IDs."""
+    expected: dict[str, list[str]] = {}
+    for device in node.inventory:
+        resource = _resource_of(device)
+        if resource is not None:
+            expected.setdefault(resource.value, []).append(device.device)
+    return expected
+
+
+def _resource_of(device: SimDevice) -> Resource | None:
+    if not device.is_vf:
+        return Resource.NPU if device.num_vfs == 0 else None
+    return Resource.for_vf_count(device.num_vfs)
+
+
+def _show_kubelet(kubelet: KubeletSimulator, node: SimulatedNode) -> None:
+    by_id = {d.device: d for d in node.inventory}
+    for name, view in sorted(kubelet.resources().items()):
+        print(f"  {name}: {len(view.devices)} device(s), registered on {view.endpoint}")
+        for device_id, device in sorted(view.devices.items()):
+            sim = by_id.get(device_id)
+            where = f"PCI {sim.bus_id}" + (f", VF of {sim.parent}" if sim and sim.parent else "") if sim else ""
+            numa = ",".join(map(str, device.numa_nodes)) or "unknown"
+            print(f"    {device_id:<10} {device.health:<9} NUMA {numa:<7} {where}")
+
+
+def _sample_allocation(kubelet: KubeletSimulator, node: SimulatedNode, resource: str) -> None:
+    available = sorted(kubelet.resources()[resource].devices)
+    size = min(2, len(available))
+    preferred = list(kubelet.preferred_allocation(resource, available, size=size).container_responses[0].deviceIDs)
+    chosen = preferred or available[:size]
+    response = kubelet.allocate(resource, [chosen]).container_responses[0]
+    print(f"  {resource}: GetPreferredAllocation(size {size}) chose {', '.join(preferred) or '(nothing)'}")
+    print(f"    Allocate({', '.join(chosen)}) gives the container:")
+    for spec in response.devices:
+        print(f"      {spec.container_path:<14} <- host {spec.host_path} ({spec.permissions})")
+    for key, value in sorted(response.annotations.items()):
+        print(f"      annotation {key}: {value}")
+
+
+def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
+    expected = expected_resources(node)
+    print(f"Simulated node in {node.root}:")
+    for device in node.inventory:
+        if not device.is_vf:
+            mode = "plain" if device.num_vfs == 0 else f"{device.num_vfs} VFs"
+            print(f"  {device.device} PCI {device.bus_id} NUMA {device.numa_node} ({mode})")
+    with KubeletSimulator(node.plugin_dir) as kubelet, \
+            StackProcess({**os.environ, **node.env(args.scan_interval)}) as stack:
+        print(f"Stack started (supervisord pid {stack.pid}); waiting for {', '.join(sorted(expected))} ...")
+        kubelet.wait_for(lambda k: all(r in k.resources() and k.resources()[r].connected and
+                                       sorted(k.resources()[r].devices) == sorted(ids)
+                                       for r, ids in expected.items()),
+                         START_TIMEOUT, f"registration of {', '.join(sorted(expected))}")
+        print("The kubelet sees:")
+        _show_kubelet(kubelet, node)
+        print("Sample allocations:")
+        for resource in sorted(expected):
+            _sample_allocation(kubelet, node, resource)
+        groups = {gid: npus for gid, npus in node.rsd_groups().items() if gid != 0}
+        print("RSD groups made by the stack (group -> npu indices): "
+              + (", ".join(f"{gid} -> {npus}" for gid, npus in sorted(groups.items())) or "none"))
+        if args.watch:
+            print("Watching; change files under the node (e.g. echo 4 > "
+                  f"{node.status_file(node.inventory[0].device)}) and press Ctrl-C to stop.")
+            seen = kubelet.describe()
+            while True:
+                kubelet.wait_for(lambda k: k.describe() != seen, 3600, "a change")
+                seen = kubelet.describe()
+                print(textwrap.indent(seen, "  "))
+        code = stack.stop()
+    print(f"Stack stopped (exit status {code}).")
+    return 0 if code == 0 else 1
+
+
+def simulate(args: argparse.Namespace) -> int:
+    try:
+        spec = NodeSpec.parse(args.node, numa_nodes=args.numa_nodes, switches=args.switches)
+    except ValueError as exc:
+        print(f"rbln-device-plugin simulate: {exc}", file=sys.stderr)
+        return 2
+    # Short path: unix socket names must stay under ~107 characters.
+    root = pathlib.Path(tempfile.mkdtemp(prefix="rbln-sim-", dir="/tmp"))
+    try:
+        return _run(build_node(root, spec), args)
+    except KeyboardInterrupt:
+        print("\nInterrupted; the stack was stopped.")
+        return 130
+    except TimeoutError as exc:
+        print(f"rbln-device-plugin simulate: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if args.keep:
+            print(f"Node kept in {root} (logs in {root / 'log'}).")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
