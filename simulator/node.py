@@ -173,8 +173,9 @@ def build_node(root: pathlib.Path, spec: NodeSpec) -> SimulatedNode:
     node.root.mkdir(parents=True, exist_ok=True)
     node.sysfs_root.mkdir()  # FileExistsError: never mix two nodes in one dir
     _write_sysfs(node)
-    for path in (node.dev_root, node.cdi_root, node.plugin_dir, node.log_dir, node.state_dir, node.rbln_smi.parent):
+    for path in (node.dev_root, node.cdi_root, node.log_dir, node.state_dir, node.rbln_smi.parent):
         path.mkdir()
+    node.plugin_dir.mkdir(exist_ok=True)  # a kubelet may already be serving there
     node.run_dir.mkdir(mode=0o700)
     node.run_dir.chmod(0o700)  # mkdir's mode is filtered by the umask
     for name in ["rsd0", *node.devices()]:
