@@ -21,7 +21,7 @@ _ROOT_SEGMENT = re.compile(r"^pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}$")
 
 def resolve_pci_path(sysfs_root: pathlib.Path, bus_id: str) -> tuple[str, ...] | None:
     """Segments from the PCI root (`pci0000:00`) down to the device's own BDF, or None when untrusted."""
-    if not isinstance(bus_id, str) or not BUS_ID_PATTERN.match(bus_id):
+    if not isinstance(bus_id, str) or not BUS_ID_PATTERN.fullmatch(bus_id):
         return None
     link = sysfs_root / "bus" / "pci" / "devices" / bus_id
     try:
@@ -36,9 +36,9 @@ def resolve_pci_path(sysfs_root: pathlib.Path, bus_id: str) -> tuple[str, ...] |
         # OSError covers a missing link and ELOOP; ValueError a target outside
         # `devices`; RecursionError a pathologically long chain of links.
         return None
-    if len(segments) < 2 or not _ROOT_SEGMENT.match(segments[0]):
+    if len(segments) < 2 or not _ROOT_SEGMENT.fullmatch(segments[0]):
         return None
-    if not all(BUS_ID_PATTERN.match(segment) for segment in segments[1:]):
+    if not all(BUS_ID_PATTERN.fullmatch(segment) for segment in segments[1:]):
         return None
     if segments[-1].lower() != bus_id.lower():
         return None
