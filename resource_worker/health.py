@@ -1,6 +1,6 @@
 """Health policy and history: which devices the kubelet may hand out.
 
-The policy is a pure function of (what was last concluded, what was just read):
+The verdict rests on the last status that could actually be read:
 - READY is Healthy, and is the only reading that clears a fault;
 - any other number (BUSY, PROBING, INIT, FAULT, FINISH, unknown) is Unhealthy;
 - UNREADABLE says nothing about the device: it keeps an unresolved fault
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from shared.status import StatusReading
+from shared.status import UNREADABLE, StatusReading
 
 
 class Health(enum.Enum):
@@ -25,25 +25,19 @@ class Health(enum.Enum):
 class DeviceHealth:
     health: Health
     status: StatusReading
+    """The latest reading, readable or not: what logs and errors report."""
+    decided_by: StatusReading
+    """The last readable reading, on which `health` rests; UNREADABLE when none was read yet."""
     observed_at_ns: int
-
-    @property
-    def unresolved_fault(self) -> bool:
-        # Unhealthy can only come from a numeric non-READY reading, directly or
-        # carried through UNREADABLE readings, so it is exactly "a fault no READY has cleared".
-        return self.health is Health.UNHEALTHY
 
 
 def judge(previous: DeviceHealth | None, reading: StatusReading, observed_at_ns: int) -> DeviceHealth:
-    if reading.ready:
-        health = Health.HEALTHY
-    elif reading.readable:
-        health = Health.UNHEALTHY
-    elif previous is not None and previous.unresolved_fault:
-        health = Health.UNHEALTHY
+    if reading.readable:
+        decided_by = reading
     else:
-        health = Health.HEALTHY
-    return DeviceHealth(health, reading, observed_at_ns)
+        decided_by = previous.decided_by if previous is not None else UNREADABLE
+    healthy = decided_by.ready or not decided_by.readable
+    return DeviceHealth(Health.HEALTHY if healthy else Health.UNHEALTHY, reading, decided_by, observed_at_ns)
 
 
 class HealthHistory:
@@ -57,16 +51,13 @@ class HealthHistory:
         self._entries: dict[str, DeviceHealth] = {}
 
     def observe(self, device_id: str, reading: StatusReading, observed_at_ns: int) -> DeviceHealth:
-        """Apply a reading unless a newer one was already applied; returns the current conclusion."""
+        """Apply a reading unless one at least as new was already applied; returns the current conclusion."""
         previous = self._entries.get(device_id)
         if previous is not None and observed_at_ns <= previous.observed_at_ns:
             return previous
         current = judge(previous, reading, observed_at_ns)
         self._entries[device_id] = current
         return current
-
-    def get(self, device_id: str) -> DeviceHealth | None:
-        return self._entries.get(device_id)
 
     def clear(self) -> None:
         self._entries.clear()

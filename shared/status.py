@@ -16,7 +16,10 @@ import re
 # A status file holds a few digits; anything longer is junk, and reading a
 # huge file must not cost memory or time.
 MAX_STATUS_BYTES = 64
-_INTEGER = re.compile(r"[+-]?[0-9]{1,19}")
+_INTEGER = re.compile(rb"[+-]?[0-9]+")
+# The inventory message carries the code as a msgpack int64, and no driver
+# writes a number beyond it: such a file is malformed, not an unknown status.
+_CODES = range(-(2**63), 2**63)
 
 
 class KernelStatus(enum.IntEnum):
@@ -57,14 +60,14 @@ UNREADABLE = StatusReading(None)
 
 
 def parse_status(raw: bytes) -> StatusReading:
-    """Parse a status file's bytes: an optionally signed decimal integer, whitespace trimmed."""
-    try:
-        text = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
+    """Parse a status file's bytes: an optionally signed decimal integer, ASCII whitespace trimmed."""
+    if len(raw) > MAX_STATUS_BYTES:
         return UNREADABLE
+    text = raw.strip()
     if not _INTEGER.fullmatch(text):
         return UNREADABLE
-    return StatusReading(int(text))
+    code = int(text)
+    return StatusReading(code) if code in _CODES else UNREADABLE
 
 
 def status_path(sysfs_root: pathlib.Path, device_id: str) -> pathlib.Path:
@@ -74,6 +77,7 @@ def status_path(sysfs_root: pathlib.Path, device_id: str) -> pathlib.Path:
 def read_status(sysfs_root: pathlib.Path, device_id: str) -> StatusReading:
     """Read one device's status; never raises. `device_id` must be a validated device name."""
     try:
+        # Non-blocking: a FIFO in place of the file must not stall a scan or an Allocate.
         fd = os.open(status_path(sysfs_root, device_id), os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return UNREADABLE
@@ -84,6 +88,4 @@ def read_status(sysfs_root: pathlib.Path, device_id: str) -> StatusReading:
         return UNREADABLE
     finally:
         os.close(fd)
-    if len(raw) > MAX_STATUS_BYTES:
-        return UNREADABLE
     return parse_status(raw)
