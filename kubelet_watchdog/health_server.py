@@ -17,9 +17,13 @@ class HealthServer:
     def __init__(self, port: int):
         # Unknown service names get NOT_FOUND from the servicer itself.
         self._servicer = health.HealthServicer(experimental_non_blocking=True)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="grpc-health"))
+        # No SO_REUSEPORT: a second health service on the port (another pod's, on the host network)
+        # must fail to bind instead of silently answering half of the probes.
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="grpc-health"),
+                                   options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
-        self.port = self._server.add_insecure_port(f"0.0.0.0:{port}")
+        # The wildcard of both address families, as Go's ":port" listens.
+        self.port = self._server.add_insecure_port(f"[::]:{port}")
         self.set(live=False, ready=False)
 
     def start(self) -> None:

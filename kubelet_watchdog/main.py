@@ -3,7 +3,7 @@ and answers the pod's liveness and readiness probes."""
 
 from __future__ import annotations
 
-import os
+import select
 import time
 
 from loguru import logger
@@ -11,7 +11,8 @@ from loguru import logger
 from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
-from kubelet_watchdog.supervisor_control import Supervisor, SupervisorError
+from kubelet_watchdog.supervisor_control import (Supervisor, SupervisorError, SupervisorStopping, connect,
+                                                 server_url)
 from shared import runtime_status
 from shared.config import Settings
 from shared.process import ShutdownSignal, start_process
@@ -20,8 +21,40 @@ PROCESS = "watchdog"
 CHECK_INTERVAL = 1.0
 
 
+class HealthEndpoint:
+    """The health service, if enabled; a port that cannot be bound now is tried again at every check."""
+
+    def __init__(self, port: int):
+        self._port = port
+        self._server: HealthServer | None = None
+        self._failure_logged = False
+
+    def set(self, live: bool, ready: bool) -> None:
+        if self._port < 0:
+            return
+        if self._server is None and not self._listen():
+            return
+        self._server.set(live, ready)
+
+    def _listen(self) -> bool:
+        try:
+            self._server = HealthServer(self._port)
+        except RuntimeError as exc:  # grpc's "Failed to bind"
+            if not self._failure_logged:
+                logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
+                self._failure_logged = True
+            return False
+        self._server.start()
+        logger.info("Health service listening", port=self._server.port)
+        return True
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+
 class Watchdog:
-    def __init__(self, settings: Settings, supervisor: Supervisor, health: HealthServer | None):
+    def __init__(self, settings: Settings, supervisor: Supervisor, health: HealthEndpoint):
         self._settings = settings
         self._supervisor = supervisor
         self._health = health
@@ -31,9 +64,12 @@ class Watchdog:
     def run(self, shutdown: ShutdownSignal) -> None:
         next_check = 0.0
         while not shutdown.is_set():
-            if self._watcher.wait(timeout=max(0.0, min(CHECK_INTERVAL, next_check - time.monotonic()))):
+            select.select([self._watcher, shutdown], [], [], max(0.0, next_check - time.monotonic()))
+            if shutdown.is_set():
+                break
+            if self._watcher.recreated():
                 self._restart_workers()
-            if time.monotonic() >= next_check and not shutdown.is_set():
+            if time.monotonic() >= next_check:
                 self._check()
                 next_check = time.monotonic() + CHECK_INTERVAL
         self._watcher.close()
@@ -43,12 +79,16 @@ class Watchdog:
                     path=str(self._settings.kubelet_socket))
         try:
             self._supervisor.restart(WORKERS)
+        except SupervisorStopping:
+            pass  # the whole stack is stopping
         except SupervisorError as exc:
             logger.error("Restarting device plugins failed", err=str(exc))
 
     def _check(self) -> None:
         try:
             programs = self._supervisor.programs()
+        except SupervisorStopping:
+            return
         except SupervisorError as exc:
             logger.warning("Cannot read program states", err=str(exc))
             return
@@ -58,6 +98,8 @@ class Watchdog:
             logger.error("Program failed permanently; shutting the stack down", programs=fatal)
             try:
                 self._supervisor.shutdown()
+            except SupervisorStopping:
+                pass  # already on its way down
             except SupervisorError as exc:
                 logger.error("Shutdown request failed", err=str(exc))
             return
@@ -66,8 +108,7 @@ class Watchdog:
         workers = {name: runtime_status.read_status(run_dir, name) for name in WORKERS}
         live = liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval)
         ready = readiness(programs, scanner, workers)
-        if self._health is not None:
-            self._health.set(live.ok, ready.ok)
+        self._health.set(live.ok, ready.ok)
         if (live, ready) != self._last_verdicts:
             logger.debug("Probe state", live=live.ok, liveReason=live.reason, ready=ready.ok,
                          readyReason=ready.reason)
@@ -77,14 +118,9 @@ class Watchdog:
 def main() -> None:
     settings = start_process(PROCESS)
     shutdown = ShutdownSignal().install()
-    health = None
-    if settings.healthcheck_port >= 0:
-        health = HealthServer(settings.healthcheck_port)
-        health.start()
-        logger.info("Health service listening", port=health.port)
+    health = HealthEndpoint(settings.healthcheck_port)
     try:
-        Watchdog(settings, Supervisor(os.environ), health).run(shutdown)
+        Watchdog(settings, connect(server_url(settings.run_dir)), health).run(shutdown)
     finally:
-        if health is not None:
-            health.stop()
+        health.stop()
     logger.info("Shutdown")

@@ -16,6 +16,14 @@ PROGRAMS = (SCANNER, *WORKERS, WATCHDOG)
 STALE_SCANS = 3
 
 
+def current_status(status: Mapping[str, Any] | None, programs: Mapping[str, Mapping[str, Any]],
+                   name: str) -> Mapping[str, Any] | None:
+    """`status` if the running instance of program `name` wrote it; a dead instance's file says nothing."""
+    if status is None or not status.get("pid") or status.get("pid") != programs.get(name, {}).get("pid"):
+        return None
+    return status
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     ok: bool
@@ -30,7 +38,7 @@ def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, An
             return Verdict(False, f"{name} is {state}")
     limit = STALE_SCANS * scan_interval
     info = programs[SCANNER]
-    if scanner is None or scanner.get("pid") != info.get("pid"):
+    if current_status(scanner, programs, SCANNER) is None:
         uptime = info.get("now", 0) - info.get("start", 0)
         if uptime > limit:
             return Verdict(False, f"scanner has published nothing in {uptime:.0f}s")
@@ -50,8 +58,8 @@ def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, A
         if not counts.get(resource.value):
             continue
         name = resource.process_name
-        status = workers.get(name)
-        if status is None or status.get("pid") != programs.get(name, {}).get("pid"):
+        status = current_status(workers.get(name), programs, name)
+        if status is None:
             return Verdict(False, f"{name} has not reported")
         if not status.get("registered"):
             return Verdict(False, f"{resource.value} is not registered")

@@ -1,4 +1,12 @@
-"""Notices every new kubelet.sock: inotify for promptness, a periodic inode check for missed events."""
+"""Notices every new kubelet.sock: inotify for promptness, an identity check for missed events.
+
+A kubelet that restarts deletes kubelet.sock and creates it again, and the new
+socket often gets the inode number the old one just freed. So an inotify event
+naming kubelet.sock counts by itself; the identity check (device, inode and
+modification time, which a socket gets when it is bound and keeps) only covers
+events that were lost, such as a queue overflow or a directory that did not
+exist yet.
+"""
 
 from __future__ import annotations
 
@@ -7,44 +15,54 @@ import pathlib
 
 from inotify_simple import INotify, flags
 
+KUBELET_SOCKET = "kubelet.sock"
 _WATCHED = flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
+_WATCH_GONE = flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF
+_CREATED = flags.CREATE | flags.MOVED_TO
+
+Identity = tuple[int, int, int]
 
 
-def _identity(path: pathlib.Path) -> tuple[int, int] | None:
+def socket_identity(path: pathlib.Path) -> Identity | None:
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return stat.st_dev, stat.st_ino
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
 
 
 class KubeletSocketWatcher:
+    """Selectable (fileno) watcher; `recreated()` consumes what happened since the last call."""
+
     def __init__(self, plugin_dir: pathlib.Path):
         self._dir = plugin_dir
-        self._socket = plugin_dir / "kubelet.sock"
+        self._socket = plugin_dir / KUBELET_SOCKET
         self._inotify = INotify()
         self._watch: int | None = None
-        self._seen = _identity(self._socket)
         self._ensure_watch()
+        self._seen = socket_identity(self._socket)
 
     def _ensure_watch(self) -> None:
         if self._watch is None:
             try:
                 self._watch = self._inotify.add_watch(self._dir, _WATCHED)
             except OSError:
-                self._watch = None  # the directory does not exist yet; the inode check covers it
+                self._watch = None  # the directory does not exist yet; the identity check covers it
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds; True when a kubelet.sock other than the last one seen exists."""
-        if self._watch is not None:
-            for event in self._inotify.read(timeout=int(timeout * 1000)):
-                if event.mask & (flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF):
-                    self._watch = None  # the directory went away; watch the new one when it exists
-        else:
-            self._inotify.read(timeout=int(timeout * 1000))
+    def fileno(self) -> int:
+        return self._inotify.fileno()
+
+    def recreated(self) -> bool:
+        """True when a kubelet.sock was created since the last call and one exists now. Never blocks."""
+        created = False
+        for event in self._inotify.read(timeout=0):
+            if event.mask & _WATCH_GONE:
+                self._watch = None  # the directory went away; watch the new one once it exists
+            elif event.mask & _CREATED and event.name == KUBELET_SOCKET:
+                created = True
         self._ensure_watch()
-        current = _identity(self._socket)
-        recreated = current is not None and current != self._seen
+        current = socket_identity(self._socket)
+        recreated = current is not None and (created or current != self._seen)
         self._seen = current
         return recreated
 

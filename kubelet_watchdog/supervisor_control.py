@@ -1,64 +1,94 @@
-"""The watchdog's hold on supervisord: program states, restarts and shutdown over XML-RPC on the run dir's unix socket."""
+"""The watchdog's hold on supervisord over XML-RPC (the run dir's unix socket): states, restarts, shutdown."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 import xmlrpc.client
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from supervisor import childutils
 from supervisor.xmlrpc import Faults
 
-STOP_TIMEOUT = 12.0
-_POLL = 0.05
-_STOPPED_STATES = {"STOPPED", "EXITED", "FATAL", "BACKOFF"}
+# Longer than supervisor.conf's stopwaitsecs, after which supervisord kills a program that will not stop.
+STOP_TIMEOUT = 6.0
+# How often a restart asks whether the stopped programs are down. A quick question
+# also wakes supervisord's loop, so it reaps an exited program at once.
+_POLL_SECONDS = 0.02
+_STOPPED_STATES = frozenset({"STOPPED", "EXITED", "FATAL"})
+SUPERVISOR_SOCKET = "supervisor.sock"
 
 
 class SupervisorError(RuntimeError):
     pass
 
 
-def _tolerating(fault_code: int, method, *args) -> None:
-    """Call an XML-RPC method; the fault saying it was already done is not an error."""
-    try:
-        method(*args)
-    except xmlrpc.client.Fault as fault:
-        if fault.faultCode != fault_code:
-            raise
+class SupervisorStopping(SupervisorError):
+    """supervisord is stopping every program (shutdown or reload) and refuses requests."""
+
+
+def _checked(results: Iterable[Any], tolerated: int) -> None:
+    """Raise the first fault of a multicall's results, except `tolerated` (the call was already done)."""
+    for result in results:
+        if isinstance(result, dict) and "faultCode" in result and result["faultCode"] != tolerated:
+            raise xmlrpc.client.Fault(result["faultCode"], result["faultString"])
+
+
+def server_url(run_dir: pathlib.Path) -> str:
+    """Where supervisord listens (supervisor.conf's [unix_http_server]), for a process it did not start."""
+    return f"unix://{run_dir / SUPERVISOR_SOCKET}"
+
+
+def connect(url: str) -> "Supervisor":
+    """A Supervisor talking to supervisord at `url` (connects at the first call)."""
+    return Supervisor(childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": url}))
 
 
 class Supervisor:
-    def __init__(self, environ: Mapping[str, str]):
-        if "SUPERVISOR_SERVER_URL" not in environ:
-            raise SupervisorError("not running under supervisord (SUPERVISOR_SERVER_URL is not set)")
-        self._rpc = childutils.getRPCInterface(environ).supervisor
+    def __init__(self, proxy: Any, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        """`proxy`: an XML-RPC ServerProxy of supervisord (its `supervisor` and `system` namespaces)."""
+        self._proxy = proxy
+        self._clock = clock
+        self._sleep = sleep
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except xmlrpc.client.Fault as fault:
+            if fault.faultCode == Faults.SHUTDOWN_STATE:
+                raise SupervisorStopping(f"{what}: supervisord is stopping every program") from None
+            raise SupervisorError(f"{what}: {fault.faultString}") from None
+        except (OSError, xmlrpc.client.Error) as exc:
+            raise SupervisorError(f"{what}: supervisord did not answer: {exc}") from None
+
+    def _each(self, what: str, method: str, names: list[str], tolerated: int) -> None:
+        """Call `method(name, wait=False)` for every name in one request."""
+        calls = [{"methodName": f"supervisor.{method}", "params": [name, False]} for name in names]
+        self._call(what, lambda: _checked(self._proxy.system.multicall(calls), tolerated))
 
     def programs(self) -> dict[str, dict]:
         """Every program's process info, keyed by name."""
-        try:
-            return {info["name"]: info for info in self._rpc.getAllProcessInfo()}
-        except (OSError, xmlrpc.client.Error) as exc:
-            raise SupervisorError(f"supervisord did not answer: {exc}") from None
+        infos = self._call("reading program states", self._proxy.supervisor.getAllProcessInfo)
+        return {info["name"]: info for info in infos}
 
     def restart(self, names: Iterable[str]) -> None:
-        """Stop all of `names` at once, wait until they are down, then start them all."""
-        names = list(names)
-        try:
-            for name in names:
-                _tolerating(Faults.NOT_RUNNING, self._rpc.stopProcess, name, False)
-            deadline = time.monotonic() + STOP_TIMEOUT
-            while time.monotonic() < deadline:
-                states = self.programs()
-                if all(states.get(n, {}).get("statename") in _STOPPED_STATES for n in names):
-                    break
-                time.sleep(_POLL)
-            for name in names:
-                _tolerating(Faults.ALREADY_STARTED, self._rpc.startProcess, name, False)
-        except (OSError, xmlrpc.client.Error) as exc:
-            raise SupervisorError(f"restarting {', '.join(names)} failed: {exc}") from None
+        """Stop all of `names` at once and start each again as soon as it is down."""
+        pending = list(names)
+        what = f"restarting {', '.join(pending)}"
+        self._each(what, "stopProcess", pending, tolerated=Faults.NOT_RUNNING)
+        deadline = self._clock() + STOP_TIMEOUT
+        while pending:
+            states = self.programs()
+            down = [name for name in pending if states.get(name, {}).get("statename") in _STOPPED_STATES]
+            if down:
+                self._each(what, "startProcess", down, tolerated=Faults.ALREADY_STARTED)
+                pending = [name for name in pending if name not in down]
+            elif self._clock() >= deadline:
+                raise SupervisorError(f"{what}: still not stopped after {STOP_TIMEOUT:g}s: {', '.join(pending)}")
+            else:
+                self._sleep(_POLL_SECONDS)
 
     def shutdown(self) -> None:
-        try:
-            self._rpc.shutdown()
-        except (OSError, xmlrpc.client.Error) as exc:
-            raise SupervisorError(f"supervisord did not accept shutdown: {exc}") from None
+        self._call("requesting shutdown", self._proxy.supervisor.shutdown)

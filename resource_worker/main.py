@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import sys
 import threading
+import time
 
 import zmq
 from loguru import logger
@@ -12,13 +14,14 @@ from loguru import logger
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts
 from resource_worker.plugin_server import PluginServer, remove_stale_sockets
-from resource_worker.registration import RegistrationError
+from resource_worker.registration import Registration, RegistrationError
 from resource_worker.rsd_group import RsdGroups
 from resource_worker.subscriber import InventorySubscriber
 from resource_worker.tracing import AllocationTracer, setup_tracing
 from shared import runtime_status
 from shared.config import Settings
-from shared.process import ShutdownSignal, start_process
+from shared.ipc import InventoryMessage
+from shared.process import ShutdownSignal, exit_now, start_process
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
 from shared.status import read_status
@@ -43,27 +46,48 @@ class Backoff:
         self.delay = _BACKOFF_START
 
 
+class Phase(enum.Enum):
+    """Where the serving instance stands with the kubelet."""
+
+    UNREGISTERED = "unregistered"
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+
+
 class Worker:
+    """The lifecycle loop: one thread moves the resource towards "served and registered" step by step.
+
+    Everything that can change what the next step is (an inventory, a stream
+    opening or ending, a Register answer, shutdown) sets `_attention`; the loop
+    never blocks on the kubelet, so it notices each of them at once.
+    """
+
     def __init__(self, settings: Settings, resource: Resource, shutdown: ShutdownSignal,
                  tracer: AllocationTracer):
         self._settings = settings
         self._tracer = tracer
         self._resource = resource
         self._shutdown = shutdown
-        # Set by anything the lifecycle loop must react to: inventory, streams, shutdown.
+        # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, shutdown.
         self._attention = threading.Event()
         self.table = DeviceTable(resource)
         smi = RblnSmi(settings.rbln_smi)
         self._allocator = Allocator(self.table, RsdGroups(smi, settings.rsd_lock_file), settings.dev_root,
                                     lambda device_id: read_status(settings.sysfs_root, device_id))
+        # The fields below belong to the lifecycle loop's thread.
         self._server: PluginServer | None = None
-        self._registered = False
-        self._waiting_logged = False
+        self._phase = Phase.UNREGISTERED
+        self._registration: Registration | None = None
+        self._retry_at = 0.0
+        self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
         self._reported: dict | None = None
+        # Set by the subscriber thread: when the scan behind the current inventory ran (CLOCK_MONOTONIC, s).
+        self._scanned_at: float | None = None
 
-    def on_inventory(self, message) -> None:
+    def on_inventory(self, message: InventoryMessage) -> None:
         self.table.apply(message)
+        self._scanned_at = message.scanned_at_ns / 1e9
         self._attention.set()
 
     def wake(self) -> None:
@@ -77,72 +101,95 @@ class Worker:
             self._attention.wait(timeout)
             self._attention.clear()
         if self._server is not None:
-            self._server.stop()
+            self._stop_serving()
         runtime_status.remove_status(self._settings.run_dir, self._resource.process_name)
 
     def _report(self) -> None:
         """Keep the status file (read by the watchdog's readiness probe and `status`) current."""
-        status = {"resource": self._resource.value, "registered": self._registered,
+        status = {"resource": self._resource.value, "registered": self._phase is Phase.REGISTERED,
                   "streams": self._server.streams.open_streams if self._server else 0,
                   "endpoint": self._server.socket_name if self._server else None,
-                  **counts(self.table.devices())}
+                  "scannedAt": self._scanned_at, **counts(self.table.devices())}
         if status != self._reported:
             runtime_status.write_status(self._settings.run_dir, self._resource.process_name, status)
             self._reported = status
 
     def _step(self) -> float:
         """Move one step towards the desired state; returns how long to wait before the next step."""
-        has_devices = self.table.synced and bool(self.table.devices())
-        if not has_devices:
+        if not (self.table.synced and self.table.devices()):
             if self._server is not None:
                 self._stop_serving()
+                # A later instance for this resource starts with no health history.
+                self.table.forget_history()
                 logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
             return _IDLE_CHECK_SECONDS
         if self._server is not None and not self._server.socket_exists:
             logger.warning("Device plugin socket was removed; serving on a new one",
                            resourceName=self._resource.value, endpoint=self._server.socket_name)
-            self._server.stop()
-            self._server = None
+            self._stop_serving()
         if self._server is None:
             self._server = PluginServer(self.table, self._allocator, self._settings.kubelet_device_plugin_path,
                                         self.wake, self._tracer)
             self._server.serve()
-            self._registered = False
-        if self._registered and self._server.streams.take_dropped():
+        if self._phase is Phase.REGISTERED and self._server.streams.take_dropped():
             logger.warning("Kubelet ended the device list stream; registering again",
                            resourceName=self._resource.value)
-            self._registered = False
-        if not self._registered:
+            self._phase = Phase.UNREGISTERED
+        if self._phase is Phase.REGISTERING:
+            return self._finish_registration()
+        if self._phase is Phase.UNREGISTERED:
             return self._register()
         return _IDLE_CHECK_SECONDS
 
     def _register(self) -> float:
         assert self._server is not None
+        now = time.monotonic()
+        if now < self._retry_at:
+            return self._retry_at - now
         kubelet_socket = self._settings.kubelet_socket
         if not kubelet_socket.exists():
-            if not self._waiting_logged:
-                logger.info("Waiting for the kubelet socket", resourceName=self._resource.value,
-                            path=str(kubelet_socket))
-                self._waiting_logged = True
-            return self._backoff.next()
-        try:
-            self._server.register(kubelet_socket)
-        except RegistrationError as exc:
-            logger.warning("Registration with kubelet failed; retrying", resourceName=self._resource.value,
-                           err=str(exc))
-            return self._backoff.next()
-        self._registered = True
-        self._waiting_logged = False
-        self._backoff.reset()
+            self._log_wait("INFO", "Waiting for the kubelet socket", path=str(kubelet_socket))
+            return self._retry_later(now)
+        self._registration = self._server.register(kubelet_socket, self.wake)
+        self._phase = Phase.REGISTERING
         return _IDLE_CHECK_SECONDS
+
+    def _finish_registration(self) -> float:
+        assert self._server is not None and self._registration is not None
+        if not self._registration.done():
+            return _IDLE_CHECK_SECONDS
+        registration, self._registration = self._registration, None
+        try:
+            registration.result()
+        except RegistrationError as exc:
+            self._log_wait("WARNING", "Registration with kubelet failed; retrying", err=str(exc))
+            self._phase = Phase.UNREGISTERED
+            return self._retry_later(time.monotonic())
+        self._phase = Phase.REGISTERED
+        self._waiting_for = None
+        self._backoff.reset()
+        self._server.log_registered()
+        return _IDLE_CHECK_SECONDS
+
+    def _log_wait(self, level: str, message: str, **fields) -> None:
+        """Say why the worker is not registered yet, once per reason; retries for the same reason log at debug."""
+        logger.log(level if message != self._waiting_for else "DEBUG", message, resourceName=self._resource.value,
+                   **fields)
+        self._waiting_for = message
+
+    def _retry_later(self, now: float) -> float:
+        delay = self._backoff.next()
+        self._retry_at = now + delay
+        return delay
 
     def _stop_serving(self) -> None:
         assert self._server is not None
+        if self._registration is not None:
+            self._registration.cancel()
+            self._registration = None
         self._server.stop()
         self._server = None
-        self._registered = False
-        # A later instance for this resource starts with no health history.
-        self.table.forget_history()
+        self._phase = Phase.UNREGISTERED
 
 
 def parse_args(argv: list[str] | None) -> Resource:
@@ -170,3 +217,4 @@ def main(argv: list[str] | None = None) -> None:
         context.term()
         tracer.shutdown()
     logger.info("Shutdown")
+    exit_now(shutdown)

@@ -20,8 +20,8 @@ import grpc
 from loguru import logger
 
 from resource_worker.allocation import Allocator
-from resource_worker.device_table import DeviceTable, counts
-from resource_worker.registration import register
+from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
+from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker
 from resource_worker.tracing import AllocationTracer
@@ -68,8 +68,8 @@ class PluginServer:
         self._stopping = threading.Event()
         self.socket_name = new_socket_name(table.resource)
         self.socket_path = plugin_dir / self.socket_name
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS,
-                                                              thread_name_prefix="grpc-device-plugin"))
+        self._handlers = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc-device-plugin")
+        self._server = grpc.server(self._handlers)
         api_pb2_grpc.add_DevicePluginServicer_to_server(
             DevicePluginServicer(table, allocator, self.streams, self._stopping, tracer), self._server)
 
@@ -81,16 +81,17 @@ class PluginServer:
         finally:
             os.umask(old_umask)
 
-    def register(self, kubelet_socket: pathlib.Path) -> None:
-        register(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS)
+    def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> Registration:
+        """Start registering this instance's socket; `on_done` is called when the kubelet has answered."""
+        return Registration(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS, on_done)
+
+    def log_registered(self) -> None:
         devices = self._table.devices()
         logger.info("Registered device plugin with kubelet", resourceName=self._table.resource.value,
                     endpoint=self.socket_name, **counts(devices))
         for device in devices:
-            logger.log("INFO" if device.healthy else "WARNING", "Device exposed",
-                       resourceName=self._table.resource.value, device=device.device_id,
-                       health=device.health.health.value, status=device.health.status.name,
-                       busID=device.record.bus_id, numaNode=device.record.numa_node)
+            logger.log(log_level(device.health.health), "Device exposed", resourceName=self._table.resource.value,
+                       **device_fields(device), busID=device.record.bus_id, numaNode=device.record.numa_node)
 
     @property
     def socket_exists(self) -> bool:
@@ -100,6 +101,9 @@ class PluginServer:
         self._stopping.set()
         self._table.wake_all()
         self._server.stop(STOP_GRACE).wait()
+        # Stopped means no handler runs any more: an Allocate past the grace period still finishes
+        # its RSD group change before the socket goes (and before the process may exit).
+        self._handlers.shutdown(wait=True)
         try:
             self.socket_path.unlink()
         except FileNotFoundError:

@@ -73,6 +73,7 @@ def run(settings: Settings, shutdown: ShutdownSignal) -> None:
     finally:
         publisher.stop()
         context.term()
+        runtime_status.remove_status(settings.run_dir, PROCESS)
 
 
 def main() -> None:

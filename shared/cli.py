@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     from simulator.demo import add_arguments
 
     add_arguments(simulate)
+
+    from shared import logs_command, status_command
+
+    status = commands.add_parser("status", help="show each process's state and each resource's registration")
+    status_command.add_arguments(status)
+    logs = commands.add_parser("logs", help="show one process's records from its log files, for a person")
+    logs_command.add_arguments(logs)
     return parser
 
 
@@ -44,3 +51,11 @@ def main(argv: list[str] | None = None) -> None:
         from simulator.demo import simulate
 
         raise SystemExit(simulate(args))
+    elif args.command == "status":
+        from shared.status_command import run as show_status
+
+        raise SystemExit(show_status(args))
+    elif args.command == "logs":
+        from shared.logs_command import run as show_logs
+
+        raise SystemExit(show_logs(args))

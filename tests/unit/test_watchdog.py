@@ -1,15 +1,27 @@
+import json
 import os
 import pathlib
+import signal
 import socket
+import subprocess
+import sys
+import xmlrpc.client
 
 import pytest
+from supervisor.xmlrpc import Faults
 
 from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
+from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.process import SHUTDOWN_STATE_FAULT, fault_code
+from shared.status_command import build_report, render_text
+
+WORKERS = ("worker-npu", "worker-npu-vf1", "worker-npu-vf4")
 
 
 def running(**overrides):
-    programs = {name: {"statename": "RUNNING", "pid": 100 + i, "start": 1000, "now": 1001}
+    programs = {name: {"statename": "RUNNING", "pid": 100 + i, "start": 1000, "now": 1001,
+                       "description": f"pid {100 + i}, uptime 0:00:01"}
                 for i, name in enumerate(PROGRAMS)}
     for name, state in overrides.items():
         programs[name.replace("_", "-")]["statename"] = state
@@ -20,6 +32,14 @@ def scanner_status(programs, monotonic=50.0, **resources):
     return {"pid": programs["scanner"]["pid"], "monotonic": monotonic,
             "resources": {"rebellions.ai/npu": 0, "rebellions.ai/npu-vf1": 0, "rebellions.ai/npu-vf4": 0,
                           **{f"rebellions.ai/{k.replace('_', '-')}": v for k, v in resources.items()}}}
+
+
+def worker_status(programs, name, **fields):
+    return {"pid": programs[name]["pid"], "registered": True, "streams": 1, "deviceCount": 4,
+            "healthyCount": 3, "unhealthyCount": 1, "scannedAt": 49.0, **fields}
+
+
+# Probes
 
 
 def test_live_when_every_program_runs_and_the_scanner_publishes():
@@ -50,39 +70,217 @@ def test_a_just_started_scanner_gets_three_intervals_of_grace():
 def test_ready_only_when_every_resource_with_devices_is_registered_and_streaming():
     programs = running()
     scanner = scanner_status(programs, npu=4, npu_vf4=8)
-    worker = lambda name, **f: {"pid": programs[name]["pid"], "registered": True, "streams": 1, **f}  # noqa: E731
-    workers = {"worker-npu": worker("worker-npu"), "worker-npu-vf4": worker("worker-npu-vf4"),
-               "worker-npu-vf1": None}
+    workers = {"worker-npu": worker_status(programs, "worker-npu"),
+               "worker-npu-vf4": worker_status(programs, "worker-npu-vf4"), "worker-npu-vf1": None}
     assert readiness(programs, scanner, workers).ok
-    assert not readiness(programs, scanner, {**workers, "worker-npu-vf4": worker("worker-npu-vf4", streams=0)}).ok
-    assert not readiness(programs, scanner, {**workers, "worker-npu": worker("worker-npu", registered=False)}).ok
+    assert not readiness(programs, scanner, {**workers, "worker-npu-vf4": {**workers["worker-npu-vf4"],
+                                                                           "streams": 0}}).ok
+    assert not readiness(programs, scanner, {**workers, "worker-npu": {**workers["worker-npu"],
+                                                                       "registered": False}}).ok
     stale = {**workers, "worker-npu": {**workers["worker-npu"], "pid": 1}}  # left by a dead instance
     assert not readiness(programs, scanner, stale).ok
     assert not readiness(programs, None, workers).ok
 
 
-def test_socket_watch_reports_each_new_kubelet_socket(short_tmp):
+# The kubelet socket watch
+
+
+def bind_socket(path: pathlib.Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    return sock
+
+
+def test_socket_watch_reports_each_new_kubelet_socket_once(short_tmp):
     watcher = KubeletSocketWatcher(short_tmp)
-    assert not watcher.wait(0.01)
+    assert not watcher.recreated()
     path = short_tmp / "kubelet.sock"
-    first = socket.socket(socket.AF_UNIX)
-    first.bind(str(path))
-    assert watcher.wait(2.0)
-    assert not watcher.wait(0.01)
-    os.unlink(path)
-    second = socket.socket(socket.AF_UNIX)
-    second.bind(str(path))
-    assert watcher.wait(2.0)
+    first = bind_socket(path)
+    assert watcher.recreated() and not watcher.recreated()
+    bind_socket(short_tmp / "rbln-device-plugin-rebellions-ai-npu-1-00000000.sock").close()
+    assert not watcher.recreated(), "another socket in the directory is not the kubelet's"
     first.close()
+    os.unlink(path)
+    assert not watcher.recreated(), "a deleted socket is no new socket"
+    second = bind_socket(path)
+    assert watcher.recreated()
     second.close()
     watcher.close()
 
 
-def test_socket_watch_survives_a_missing_directory(short_tmp):
-    plugin_dir = short_tmp / "later"
-    watcher = KubeletSocketWatcher(plugin_dir)
-    assert not watcher.wait(0.01)
-    plugin_dir.mkdir()
-    pathlib.Path(plugin_dir / "kubelet.sock").touch()
-    assert watcher.wait(0.01)
+def test_socket_watch_counts_the_event_even_when_the_file_looks_the_same(short_tmp):
+    """A kubelet.sock moved away and back keeps its inode and mtime: only the event tells."""
+    path = short_tmp / "kubelet.sock"
+    sock = bind_socket(path)
+    watcher = KubeletSocketWatcher(short_tmp)
+    os.rename(path, short_tmp / "elsewhere")
+    os.rename(short_tmp / "elsewhere", path)
+    assert watcher.recreated()
+    sock.close()
     watcher.close()
+
+
+def test_socket_watch_falls_back_to_the_identity_check_without_events(short_tmp):
+    plugin_dir = short_tmp / "later"
+    watcher = KubeletSocketWatcher(plugin_dir)  # nothing to watch yet: no event can arrive
+    assert not watcher.recreated()
+    plugin_dir.mkdir()
+    sock = bind_socket(plugin_dir / "kubelet.sock")
+    assert watcher.recreated() and not watcher.recreated()
+    sock.close()
+    watcher.close()
+
+
+# Restarting the workers through supervisord
+
+
+class FakeSupervisord:
+    """supervisord's XML-RPC namespaces: a worker stops `stop_polls` state reads after stopProcess."""
+
+    def __init__(self, stop_polls: dict[str, int], fault: int | None = None):
+        self.calls: list[tuple[str, str]] = []
+        self.stop_polls = dict(stop_polls)
+        self.states = {name: "RUNNING" for name in WORKERS}
+        self.fault = fault
+        self.supervisor = self
+        self.system = self
+
+    def multicall(self, calls):
+        if self.fault is not None:
+            raise xmlrpc.client.Fault(self.fault, "fault")
+        results = []
+        for call in calls:
+            method, (name, wait) = call["methodName"].removeprefix("supervisor."), call["params"]
+            assert wait is False
+            self.calls.append((method, name))
+            if method == "stopProcess" and self.states[name] != "RUNNING":
+                results.append({"faultCode": Faults.NOT_RUNNING, "faultString": "NOT_RUNNING"})
+                continue
+            self.states[name] = "STOPPING" if method == "stopProcess" else "RUNNING"
+            results.append(True)
+        return results
+
+    def getAllProcessInfo(self):
+        for name, polls in self.stop_polls.items():
+            if self.states[name] == "STOPPING":
+                self.stop_polls[name] = polls - 1
+                if polls <= 1:
+                    self.states[name] = "STOPPED"
+        return [{"name": name, "statename": state} for name, state in self.states.items()]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_restart_stops_every_worker_at_once_and_starts_each_as_soon_as_it_is_down():
+    supervisord = FakeSupervisord({"worker-npu": 3, "worker-npu-vf1": 1, "worker-npu-vf4": 2})
+    supervisord.states["worker-npu-vf1"] = "EXITED"  # already down: not an error
+    clock = FakeClock()
+    Supervisor(supervisord, clock, clock.sleep).restart(WORKERS)
+    stops = [("stopProcess", name) for name in WORKERS]
+    assert supervisord.calls[:3] == stops
+    assert supervisord.calls[3:] == [("startProcess", "worker-npu-vf1"), ("startProcess", "worker-npu-vf4"),
+                                     ("startProcess", "worker-npu")]
+    assert set(supervisord.states.values()) == {"RUNNING"}
+
+
+def test_restart_gives_up_on_a_worker_that_does_not_stop():
+    supervisord = FakeSupervisord({"worker-npu": 10**9, "worker-npu-vf1": 1, "worker-npu-vf4": 1})
+    clock = FakeClock()
+    with pytest.raises(SupervisorError, match="worker-npu"):
+        Supervisor(supervisord, clock, clock.sleep).restart(WORKERS)
+    assert clock.now >= STOP_TIMEOUT
+
+
+def test_a_stopping_supervisord_is_told_apart_from_other_failures():
+    clock = FakeClock()
+    with pytest.raises(SupervisorStopping):
+        Supervisor(FakeSupervisord({}, fault=Faults.SHUTDOWN_STATE), clock, clock.sleep).restart(WORKERS)
+    with pytest.raises(SupervisorError) as failed:
+        Supervisor(FakeSupervisord({}, fault=Faults.FAILED), clock, clock.sleep).restart(WORKERS)
+    assert not isinstance(failed.value, SupervisorStopping)
+
+
+# The status command's report
+
+
+def test_status_report_trusts_only_files_of_running_instances():
+    programs = running(worker_npu_vf1="BACKOFF")
+    programs["worker-npu-vf1"]["pid"] = 0
+    workers = {"worker-npu": worker_status(programs, "worker-npu"),
+               "worker-npu-vf1": worker_status(programs, "worker-npu"),  # not its pid: a dead instance's
+               "worker-npu-vf4": worker_status(programs, "worker-npu-vf4", registered=False, streams=0)}
+    report = build_report(programs, scanner_status(programs, npu=4, npu_vf1=2, npu_vf4=4), workers, 50.5)
+    assert report["processes"]["worker-npu-vf1"]["state"] == "BACKOFF"
+    assert report["processes"]["worker-npu-vf1"]["pid"] is None
+    assert report["resources"]["rebellions.ai/npu"] == {
+        "process": "worker-npu", "registered": True, "streams": 1, "deviceCount": 4, "healthyCount": 3,
+        "unhealthyCount": 1, "lastScanAgeSeconds": 1.5}
+    assert report["resources"]["rebellions.ai/npu-vf1"] == {
+        "process": "worker-npu-vf1", "registered": False, "streams": 0, "deviceCount": 2, "healthyCount": None,
+        "unhealthyCount": None, "lastScanAgeSeconds": None}
+    assert report["resources"]["rebellions.ai/npu-vf4"]["registered"] is False
+    assert report["scanner"] == {"lastScanAgeSeconds": 0.5, "discoveryError": None}
+    json.dumps(report)
+    text = render_text(report)
+    assert "worker-npu-vf1  BACKOFF" in text
+    assert any(line.split()[:7] == ["rebellions.ai/npu", "yes", "1", "4", "3", "1", "1.5s"]
+               for line in text.splitlines())
+
+
+def test_status_report_without_supervisord_claims_nothing():
+    programs = running()
+    report = build_report(None, scanner_status(programs, npu=4),
+                          {"worker-npu": worker_status(programs, "worker-npu")}, 50.0)
+    assert {p["state"] for p in report["processes"].values()} == {"UNKNOWN"}
+    assert not any(r["registered"] or r["deviceCount"] for r in report["resources"].values())
+    assert report["scanner"]["lastScanAgeSeconds"] is None
+
+
+# Shutdown signals
+
+
+def test_the_stopping_supervisord_is_recognised_by_its_fault():
+    assert SHUTDOWN_STATE_FAULT == Faults.SHUTDOWN_STATE
+    stopping = xmlrpc.client.dumps(xmlrpc.client.Fault(Faults.SHUTDOWN_STATE, "SHUTDOWN_STATE"), methodresponse=True)
+    assert fault_code(stopping.encode()) == Faults.SHUTDOWN_STATE
+    running_state = xmlrpc.client.dumps(({"statecode": 1, "statename": "RUNNING"},), methodresponse=True)
+    assert fault_code(running_state.encode()) is None
+    assert fault_code(b"") is None and fault_code(b"<html>Bad Request</html>") is None
+
+_SIGNAL_SCRIPT = """
+import select, sys
+from shared import log
+from shared.process import ShutdownSignal
+log.setup("test", {"RBLN_DEVICE_PLUGIN_LOG_DIR": ""})
+shutdown = ShutdownSignal({}).install()
+heard = []
+shutdown.on_request(lambda: heard.append("listener"))
+print("ready", flush=True)
+select.select([shutdown], [], [], 20)
+print(shutdown.signal_name, heard, flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP],
+                         ids=lambda signum: signum.name)
+def test_a_shutdown_signal_is_logged_by_name_and_wakes_select(signum):
+    process = subprocess.Popen([sys.executable, "-c", _SIGNAL_SCRIPT], stdout=subprocess.PIPE, text=True,
+                               cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signum)
+    process.send_signal(signum)  # a duplicate is ignored, even while the process exits
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["msg"], r["signal"]) for r in records if r["msg"] == "Shutdown signal received"] == \
+        [("Shutdown signal received", signum.name)]
+    assert out.splitlines()[-1] == f"{signum.name} ['listener']"

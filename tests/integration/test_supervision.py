@@ -1,0 +1,293 @@
+"""Supervision of the real stack: kubelet restarts and outages, a process killed, a program that
+cannot run, stop signals, the health service and `rbln-device-plugin status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from supervisor import childutils
+
+from kubelet_watchdog.probes import PROGRAMS
+from kubelet_watchdog.supervisor_control import connect, server_url
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.stack import ENTRYPOINT
+from tests.integration.test_faults import wait_until
+
+NPU, VF1, VF4 = (r.value for r in Resource)
+WORKERS = tuple(r.process_name for r in Resource)
+# One device of every resource: every worker serves.
+NODE = "1,1:vf1,1:vf4"
+DEVICES = {NPU: {"rbln0"}, VF1: {"rbln1-0"}, VF4: {"rbln2-0", "rbln2-1", "rbln2-2", "rbln2-3"}}
+FAULTED = {NPU: "rbln0", VF1: "rbln1-0", VF4: "rbln2-3"}
+# supervisor.conf: startretries=3 after 1, 2 and 3 s, startsecs=2; a program failing that long is FATAL.
+RETRY_WINDOW = 1 + 2 + 3 + 2
+ENDED = "Kubelet ended the device list stream; registering again"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def registrations(kubelet) -> dict[str, int]:
+    return {name: view.registrations for name, view in kubelet.resources().items()}
+
+
+def await_serving(kubelet, since: dict[str, int] | None = None, timeout: float = 30.0) -> None:
+    """Every resource connected with all its devices, each registered more often than in `since`."""
+    since = since or {}
+
+    def serving(k):
+        views = k.resources()
+        return all(name in views and views[name].connected and views[name].updates > 0
+                   and set(views[name].devices) == ids and views[name].registrations > since.get(name, 0)
+                   for name, ids in DEVICES.items())
+    kubelet.wait_for(serving, timeout, "every resource served")
+
+
+def await_restarted_workers(stack, starts: int, timeout: float = 30.0) -> None:
+    """Each worker started `starts` times, and its latest instance has registered."""
+    for worker in WORKERS:
+        stack.wait_for_record("Starting rbln-device-plugin", count=starts, process=worker, timeout=timeout)
+
+    def registered_last():
+        return all([r["msg"] for r in stack.find(process=worker)
+                    if r["msg"] in ("Starting rbln-device-plugin", "Registered device plugin with kubelet")][-1]
+                   == "Registered device plugin with kubelet" for worker in WORKERS)
+    wait_until(registered_last, timeout, "the restarted workers to register")
+
+
+def program_info(node) -> dict[str, dict]:
+    return connect(server_url(node.run_dir)).programs()
+
+
+def sockets(directory) -> set[str]:
+    return {entry.name for entry in directory.iterdir() if stat.S_ISSOCK(entry.lstat().st_mode)}
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports a process listens on: its socket fds matched against /proc/net/tcp{,6} in state LISTEN."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                rows = [line.split() for line in list(lines)[1:]]
+        except FileNotFoundError:
+            continue  # no IPv6 on this host
+        ports |= {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes}
+    return ports
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def health(port: int, service: str):
+    """The health service's answer for `service`: a serving status, or the gRPC status code of an error."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                             timeout=5).status
+        except grpc.RpcError as exc:
+            return exc.code()
+
+
+def await_health(port: int, **expected) -> None:
+    """Wait until each service (`liveness=`, `readiness=`, `default=` for "") answers as expected."""
+    names = {"default": ""}
+    wait_until(lambda: all(health(port, names.get(service, service)) == answer
+                           for service, answer in expected.items()), 15, f"health answers {expected}")
+
+
+def status_command(stack_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`rbln-device-plugin status` as an operator runs it in the pod: same environment, separate process."""
+    return subprocess.run([sys.executable, "-c", ENTRYPOINT, "status", *args], env=stack_env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    for round_ in range(5):
+        before = registrations(kubelet)
+        kubelet.restart()
+        await_restarted_workers(stack, starts=round_ + 2)
+        await_serving(kubelet, since=before)
+    detected = stack.find("Detected kubelet socket recreation; restarting device plugins")
+    assert len(detected) == 5 and all(r["process"] == "watchdog" and r["level"] == "info" for r in detected)
+    # Each instance had its own socket; the kubelet removed the old ones, the new instances left none behind.
+    assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
+
+    # The kubelet ends one stream: that worker registers again, the same instance on the same socket.
+    before = registrations(kubelet)
+    endpoint = kubelet.resources()[VF4].endpoint
+    ended = len(stack.find(ENDED))  # old instances saw their streams end in the restarts too
+    kubelet.end_stream(VF4)
+    await_serving(kubelet, since={VF4: before[VF4]})
+    assert registrations(kubelet) == {**before, VF4: before[VF4] + 1}
+    assert kubelet.resources()[VF4].endpoint == endpoint
+    record = stack.wait_for_record(ENDED, count=ended + 1)[-1]
+    assert record["resourceName"] == VF4 and record["level"] == "warn"
+
+    # HEALTHCHECK_PORT=-1 (the node's default here): no health service, nothing listening.
+    assert not stack.find("Health service listening")
+    assert listening_ports(program_info(node)["watchdog"]["pid"]) == set()
+
+
+def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others(make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    for program in PROGRAMS:
+        before = registrations(kubelet)
+        victim = program_info(node)[program]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: (info := program_info(node)[program])["statename"] == "RUNNING"
+                   and info["pid"] != victim, 20, f"a new {program}")
+        if program in WORKERS:
+            resource = Resource.from_process_name(program).value
+            await_serving(kubelet, since={resource: before[resource]})
+            # The others' streams never broke: a broken stream only comes back through a new Register.
+            assert registrations(kubelet) == {**before, resource: before[resource] + 1}
+        else:
+            await_serving(kubelet)
+            assert registrations(kubelet) == before
+        if program == "scanner":
+            # The workers served their last inventory meanwhile (no stream broke); they follow the new scanner.
+            for resource, device in FAULTED.items():
+                node.set_status(device, 4)
+                kubelet.wait_for_devices(resource, lambda view, device=device: view.connected
+                                         and view.health.get(device) == "Unhealthy")
+            assert registrations(kubelet) == before
+    # Killed workers left their sockets; each new instance removed its resource's stale ones.
+    assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
+    # The new watchdog watches the kubelet socket too.
+    before = registrations(kubelet)
+    kubelet.restart()
+    await_restarted_workers(stack, starts=3)
+    await_serving(kubelet, since=before)
+
+
+def test_a_kubelet_absent_past_the_retry_window_then_appearing_and_the_health_service(make_node, start_stack):
+    node = make_node(NODE)
+    kubelet = KubeletSimulator(node.plugin_dir)  # not started: the kubelet is not there yet
+    port = free_port()
+    stack = start_stack(node, scan_interval="1s", HEALTHCHECK_PORT=str(port))
+    env = {**os.environ, **node.env("1s"), "HEALTHCHECK_PORT": str(port)}
+    try:
+        stack.wait_for_record("Health service listening", port=port)
+        # Every program runs: live. No resource is registered: not ready. Unknown names are not found.
+        await_health(port, default=SERVING, liveness=SERVING, readiness=NOT_SERVING)
+        assert health(port, "device-plugin") == grpc.StatusCode.NOT_FOUND
+        for worker in WORKERS:
+            waiting = stack.wait_for_record("Waiting for the kubelet socket", process=worker)
+            assert waiting[0]["path"] == str(node.plugin_dir / "kubelet.sock")
+
+        # Longer than supervisord would retry a failing program: every worker is still its first instance.
+        started = program_info(node)
+        wait_until(lambda: all(info["statename"] == "RUNNING" and info["now"] - info["start"] > RETRY_WINDOW
+                               for name, info in program_info(node).items() if name in WORKERS),
+                   RETRY_WINDOW + 10, "the workers to outlast the retry window")
+        assert {name: info["pid"] for name, info in program_info(node).items()} == \
+            {name: info["pid"] for name, info in started.items()}
+        assert all(len(stack.find("Waiting for the kubelet socket", process=w)) == 1 for w in WORKERS)
+        assert health(port, "readiness") == NOT_SERVING
+
+        report = json.loads(status_command(env, "--json").stdout)
+        assert {name: p["state"] for name, p in report["processes"].items()} == dict.fromkeys(PROGRAMS, "RUNNING")
+        assert {name: (r["registered"], r["deviceCount"]) for name, r in report["resources"].items()} == \
+            {NPU: (False, 1), VF1: (False, 1), VF4: (False, 4)}
+
+        kubelet.start()
+        await_serving(kubelet)
+        await_health(port, default=SERVING, liveness=SERVING, readiness=SERVING)
+        assert listening_ports(program_info(node)["watchdog"]["pid"]) == {port}
+
+        text = status_command(env)
+        assert text.returncode == 0
+        rows = {line.split()[0]: line.split()[1:] for line in text.stdout.splitlines() if line.strip()}
+        assert rows["worker-npu-vf4"][:2] == ["RUNNING", str(program_info(node)["worker-npu-vf4"]["pid"])]
+        # resource: registered, streams, devices, healthy, unhealthy, last scan
+        assert rows[VF4][:5] == ["yes", "1", "4", "4", "0"] and rows[VF4][5].endswith("s")
+        report = json.loads(status_command(env, "--json").stdout)
+        assert report["resources"][NPU] == {**report["resources"][NPU], "registered": True, "streams": 1,
+                                            "deviceCount": 1, "healthyCount": 1, "unhealthyCount": 0}
+        assert 0 <= report["resources"][NPU]["lastScanAgeSeconds"] < 3 * 1.0
+
+        # A program that is not running: not live (and so not the default either).
+        supervisor = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": server_url(node.run_dir)}).supervisor
+        supervisor.stopProcess("worker-npu-vf1")
+        await_health(port, default=NOT_SERVING, liveness=NOT_SERVING)
+        assert json.loads(status_command(env, "--json").stdout)["processes"]["worker-npu-vf1"]["state"] == "STOPPED"
+        supervisor.startProcess("worker-npu-vf1")
+        await_health(port, default=SERVING, liveness=SERVING, readiness=SERVING)
+    finally:
+        stack.stop()
+        kubelet.stop()
+    assert status_command(env).returncode == 1  # nobody to ask
+
+
+def supervisord_exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as process:
+            return process.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_program_that_cannot_run_makes_supervisord_shut_the_stack_down(make_node, kubelet, start_stack):
+    node = make_node("1")
+    # Something holds the path of the scanner's publisher socket: every start of the scanner fails.
+    (node.run_dir / "inventory-updates.ipc").mkdir()
+    stack = start_stack(node)
+    wait_until(lambda: supervisord_exited(stack.pid), RETRY_WINDOW + 30, "supervisord to exit")
+    (fatal,) = stack.find("Program failed permanently; shutting the stack down")
+    assert fatal["programs"] == ["scanner"] and fatal["level"] == "error"
+    for process in PROGRAMS[1:]:
+        assert stack.find(process=process)[-1]["msg"] == "Shutdown"
+    assert len(stack.find("Starting rbln-device-plugin", process="scanner")) == 4  # the start and 3 retries
+    assert stack.stop() == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP],
+                         ids=lambda signum: signum.name)
+def test_a_stop_signal_to_supervisord_stops_the_whole_stack_cleanly(make_node, kubelet, start_stack, signum):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    pids = {name: info["pid"] for name, info in program_info(node).items()}
+    started = time.monotonic()
+    assert stack.stop(signum) == 0
+    assert time.monotonic() - started < 10
+    # SIGHUP means reload to supervisord; here it stopped everything and started nothing again.
+    assert any(f"received {signum.name}" in line for line in stack.stderr_lines)
+    for process in PROGRAMS:
+        own = stack.find(process=process)
+        assert [r["msg"] for r in own].count("Starting rbln-device-plugin") == 1
+        received = [r for r in own if r["msg"] == "Shutdown signal received"]
+        assert len(received) == 1 and received[0]["signal"] == "SIGTERM"  # what supervisord sends its programs
+        assert own[-1]["msg"] == "Shutdown"
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert sockets(node.plugin_dir) == {"kubelet.sock"}
+    assert sockets(node.run_dir) == set()
