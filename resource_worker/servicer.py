@@ -17,7 +17,7 @@ from resource_worker.allocation import AllocationError, Allocator, ContainerAllo
 from resource_worker.device_table import Advertised, DeviceTable
 from resource_worker.placement import PlacementRequestError, candidate_from_record, preferred_allocation
 from resource_worker.streams import StreamTracker
-from resource_worker.tracing import AllocationTracer
+from resource_worker.tracing import AllocateTrace, AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
@@ -125,13 +125,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         requested = [list(c.devices_ids) for c in request.container_requests]
         all_ids = _logged([i for ids in requested for i in ids])
         try:
-            with self._tracer.allocate(self._resource):
+            with self._tracer.allocate(self._resource) as trace:
                 try:
                     containers = self._allocator.validate(requested)
                 except AllocationError as exc:
-                    self._tracer.failed_containers(requested, exc)
+                    trace.refused([_logged(ids) for ids in requested], exc)
                     raise
-                responses = [self._allocate_container(devices) for devices in containers]
+                responses = [self._allocate_container(trace, devices) for devices in containers]
         except AllocationError as exc:
             logger.error("Container allocation failed", resourceName=self._resource,
                          deviceIDs=exc.device_ids[:_LOGGED_IDS] or all_ids, err=str(exc), durationMs=_ms(started))
@@ -143,14 +143,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"internal error allocating {', '.join(all_ids)}: {exc}")
         return api_pb2.AllocateResponse(container_responses=responses)
 
-    def _allocate_container(self, devices: Sequence[Advertised]) -> api_pb2.ContainerAllocateResponse:
+    def _allocate_container(self, trace: AllocateTrace,
+                            devices: Sequence[Advertised]) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         ids = [d.device_id for d in devices]
         bus_ids = sorted(d.record.bus_id for d in devices)
         logger.info("Starting container allocation", resourceName=self._resource, deviceIDs=ids, busIDs=bus_ids)
-        with self._tracer.container(ids) as span:
+        with trace.container(ids, bus_ids) as span:
             allocation = self._allocator.allocate_container(devices)
-            span.allocated(allocation.device_ids, allocation.bus_ids, allocation.rsd_host_path)
+            span.rsd_group(allocation.rsd_host_path)
         logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=allocation.device_ids,
                     busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started))
         return container_response(allocation)

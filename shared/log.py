@@ -1,4 +1,4 @@
-"""The one structured log stream of the stack (CONTRACT §5).
+"""The one structured log stream of the stack (CONTRACT §5), and each process's own log file.
 
 Each process writes one record per line to stdout: JSON by default (`ts`,
 `level`, `msg`, `process`, then the event's keys) or a text rendering for
@@ -7,17 +7,24 @@ record must reach the pipe in a single write: records are kept below the pipe's
 atomic-write size and flushed one by one. Standard-library logging (gRPC's and
 OpenTelemetry's own records) is routed into the same stream.
 
+Besides stdout, each process appends the same records to `<log dir>/<process>.log`,
+rotated by size with a bounded number of old files kept. The files are always
+JSON, whatever the stream's format, so that `rbln-device-plugin logs` can
+filter them by level and time before rendering them for a person.
+
 Callers log with loguru and pass the event's keys as keyword arguments:
 `logger.info("Device exposed", resourceName=..., device=...)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
 import os
 import pathlib
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -31,16 +38,32 @@ DEFAULT_LEVEL = "info"
 DEFAULT_FORMAT = "json"
 DEFAULT_DIR = "/var/log/rbln-device-plugin"
 
-_LEVELS = {"error": "ERROR", "warning": "WARNING", "warn": "WARNING", "info": "INFO", "debug": "DEBUG"}
-_FORMATS = ("json", "text")
-# loguru level name -> the lowercase names the stream uses.
+# The stream's level names, least severe first.
+LEVELS = ("debug", "info", "warn", "error")
+_LOGURU_LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR"}
+# loguru level name -> the stream's name.
 _LEVEL_KEYS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warn", "SUCCESS": "info",
                "INFO": "info", "DEBUG": "debug", "TRACE": "debug"}
+_FORMATS = ("json", "text")
 # PIPE_BUF: a write of at most this many bytes to a pipe is never interleaved.
 MAX_RECORD_BYTES = 4096
 _FIRST_KEYS = ("ts", "level", "msg", "process")
-_ROTATE_BYTES = 10 * 1024 * 1024
-_KEEP_FILES = 5
+# A process's file is rotated when it would grow past ROTATE_BYTES; KEEP_ROTATED old files
+# are kept besides the current one, so a process never holds more than (1 + KEEP_ROTATED) x ROTATE_BYTES.
+ROTATE_BYTES = 10 * 1024 * 1024
+KEEP_ROTATED = 3
+# Standard-library records carry `component`: these libraries by a short name, others by their package.
+_COMPONENTS = {"grpc": "grpc", "opentelemetry": "otel"}
+OTEL_ERROR_MESSAGE = "OpenTelemetry SDK error"
+# A text value is shown bare unless it could be misread.
+_BARE_TEXT = re.compile(r'^[^\s"=]+$')
+
+
+def level_name(text: str) -> str | None:
+    """The stream's name for a level as a person writes it (`WARNING` -> `warn`); None if it is no level."""
+    name = text.strip().lower()
+    name = "warn" if name == "warning" else name
+    return name if name in LEVELS else None
 
 
 def timestamp(moment: datetime.datetime) -> str:
@@ -48,6 +71,16 @@ def timestamp(moment: datetime.datetime) -> str:
     utc = moment.astimezone(datetime.timezone.utc)
     fraction = f"{utc.microsecond:06d}".rstrip("0")
     return utc.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+
+
+def parse_timestamp(text: str) -> datetime.datetime:
+    """The inverse of `timestamp` (any RFC3339 offset, up to nanoseconds); ValueError otherwise."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if match is None:
+        raise ValueError(f"not an RFC3339 timestamp: {text!r}")
+    seconds, fraction, zone = match.groups()
+    moment = datetime.datetime.fromisoformat(seconds + ("+00:00" if zone == "Z" else zone))
+    return moment + datetime.timedelta(microseconds=int((fraction or "0").ljust(9, "0")[:6]))
 
 
 def _caller(record: Mapping[str, Any]) -> str:
@@ -68,7 +101,7 @@ def _fields(record: Mapping[str, Any], with_caller: bool) -> dict[str, Any]:
     if record["exception"] is not None and "err" not in fields:
         fields["err"] = f"{record['exception'].type.__name__}: {record['exception'].value}"
     if with_caller:
-        fields["caller"] = _caller(record)
+        fields["caller"] = record["extra"].get("_caller") or _caller(record)
     return fields
 
 
@@ -87,87 +120,117 @@ def _shrink(fields: dict[str, Any], encode) -> str:
     return line
 
 
-def _json_line(fields: dict[str, Any]) -> str:
+def json_line(fields: Mapping[str, Any]) -> str:
     return json.dumps(fields, default=str, separators=(",", ":"))
 
 
-def _text_line(fields: dict[str, Any]) -> str:
-    rest = " ".join(f"{k}={json.dumps(v, default=str, ensure_ascii=False)}"
-                    for k, v in fields.items() if k not in _FIRST_KEYS)
-    return f"{fields['ts']} {fields['level'].upper():5} [{fields['process']}] {fields['msg']}" + (
-        f"  {rest}" if rest else "")
+def _text_value(value: Any) -> str:
+    if isinstance(value, str) and _BARE_TEXT.match(value):
+        return value
+    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+def text_line(fields: Mapping[str, Any]) -> str:
+    """A record for a person: `<ts> <LEVEL> [<process>] <msg>  key=value ...`."""
+    rest = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items() if k not in _FIRST_KEYS)
+    head = f"{fields.get('ts', '')} {str(fields.get('level', '')).upper():5} [{fields.get('process', '')}] " \
+           f"{fields.get('msg', '')}"
+    return f"{head}  {rest}" if rest else head
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """A logging setting that could not be used; the default it fell back to is in `fields`."""
+
+    message: str
+    fields: Mapping[str, str]
+
+    def log(self) -> None:
+        logger.warning(self.message, **self.fields)
+
+
+def _stdlib_level(record: logging.LogRecord) -> str:
+    if record.levelno >= logging.ERROR:
+        return "ERROR"
+    if record.levelno >= logging.WARNING:
+        return "WARNING"
+    return "INFO" if record.levelno >= logging.INFO else "DEBUG"
 
 
 class _StdlibBridge(logging.Handler):
-    """Routes standard-library records into loguru, tagged with the library they come from.
+    """Routes standard-library records into the stream, tagged with the library they come from.
 
-    gRPC's informational chatter is per-request flow (debug); OpenTelemetry's
-    errors are about best-effort tracing and never rise above warn.
+    A library's informational chatter is per-request flow (debug). OpenTelemetry
+    reports about best-effort tracing, so its warnings and errors become one
+    warn-level `OpenTelemetry SDK error` with the library's text under `err`.
     """
 
     def emit(self, record: logging.LogRecord) -> None:
-        level = record.levelname if record.levelname in _LEVEL_KEYS else "INFO"
-        extra: dict[str, Any] = {}
-        if record.name.startswith("grpc"):
-            extra["component"] = "grpc"
-            if level == "INFO":
-                level = "DEBUG"
-        elif record.name.startswith("opentelemetry"):
-            extra["component"] = "otel"
-            if level in ("ERROR", "CRITICAL"):
-                level = "WARNING"
+        package = record.name.split(".", 1)[0]
+        component = _COMPONENTS.get(package, package)
+        level = _stdlib_level(record)
         message = record.getMessage()
-        if record.name.startswith("opentelemetry") and level == "WARNING":
-            extra["err"] = message
-            message = "OpenTelemetry SDK error"
+        # A library's caller is named by its logger: `grpc/_server.py` would not say which package it is.
+        extra: dict[str, Any] = {"component": component, "_caller": f"{record.name}:{record.lineno}"}
         if record.exc_info and record.exc_info[1] is not None:
-            extra.setdefault("err", f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]}")
-        logger.bind(**extra).opt(depth=0).log(level, message)
+            extra["err"] = f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        if package in _COMPONENTS and level == "INFO":
+            level = "DEBUG"
+        if component == "otel" and level in ("WARNING", "ERROR"):
+            level = "WARNING"
+            extra["err"] = message + (f" ({extra['err']})" if "err" in extra else "")
+            message = OTEL_ERROR_MESSAGE
+        logger.bind(**extra).log(level, message)
 
 
-def setup(process: str, environ: Mapping[str, str] | None = None, stream=None) -> list[str]:
-    """Install the stream for `process`; returns warnings about fallen-back settings (already logged)."""
+def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
+          rotate_bytes: int = ROTATE_BYTES, keep_rotated: int = KEEP_ROTATED) -> list[Fallback]:
+    """Install the stream (and the log file) for `process`.
+
+    Returns the settings that fell back to their defaults, not yet logged: the
+    caller logs them after its startup record, which must be the process's first.
+    """
     environ = os.environ if environ is None else environ
     stream = sys.stdout if stream is None else stream
-    warnings: list[tuple[str, dict[str, str]]] = []
+    fallbacks: list[Fallback] = []
 
-    level_text = environ.get(LEVEL_ENV, DEFAULT_LEVEL).strip().lower() or DEFAULT_LEVEL
-    if level_text not in _LEVELS:
-        warnings.append(("Invalid log level; using the default",
-                         {"env": LEVEL_ENV, "value": level_text, "fallback": DEFAULT_LEVEL}))
-        level_text = DEFAULT_LEVEL
-    format_text = environ.get(FORMAT_ENV, DEFAULT_FORMAT).strip().lower() or DEFAULT_FORMAT
-    if format_text not in _FORMATS:
-        warnings.append(("Invalid log format; using the default",
-                         {"env": FORMAT_ENV, "value": format_text, "fallback": DEFAULT_FORMAT}))
-        format_text = DEFAULT_FORMAT
+    level_text = environ.get(LEVEL_ENV, "")
+    level = level_name(level_text) if level_text.strip() else DEFAULT_LEVEL
+    if level is None:
+        fallbacks.append(Fallback("Invalid log level; using the default",
+                                  {"env": LEVEL_ENV, "value": level_text, "fallback": DEFAULT_LEVEL}))
+        level = DEFAULT_LEVEL
+    format_text = environ.get(FORMAT_ENV, "")
+    log_format = format_text.strip().lower() or DEFAULT_FORMAT
+    if log_format not in _FORMATS:
+        fallbacks.append(Fallback("Invalid log format; using the default",
+                                  {"env": FORMAT_ENV, "value": format_text, "fallback": DEFAULT_FORMAT}))
+        log_format = DEFAULT_FORMAT
 
-    level = _LEVELS[level_text]
-    with_caller = level == "DEBUG"
-    render = _json_line if format_text == "json" else _text_line
+    with_caller = level == "debug"
+    as_text = log_format == "text"
 
     def patch(record: dict[str, Any]) -> None:
-        record["extra"]["_line"] = _shrink(_fields(record, with_caller), render)
+        fields = _fields(record, with_caller)
+        record["extra"]["_json"] = _shrink(dict(fields), json_line)
+        record["extra"]["_line"] = _shrink(fields, text_line) if as_text else record["extra"]["_json"]
 
     logger.remove()
     logger.configure(extra={"process": process}, patcher=patch)
     # A format function returns a template; the rendered line is inserted verbatim.
-    template = lambda _record: "{extra[_line]}\n"  # noqa: E731
-    logger.add(stream, level=level, format=template, colorize=False, backtrace=False, diagnose=False)
+    options = {"level": _LOGURU_LEVELS[level], "colorize": False, "backtrace": False, "diagnose": False}
+    logger.add(stream, format=lambda _record: "{extra[_line]}\n", **options)
 
     log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
     if log_dir:
         try:
             pathlib.Path(log_dir).mkdir(parents=True, exist_ok=True)
-            logger.add(pathlib.Path(log_dir) / f"{process}.log", level=level, format=template,
-                       rotation=_ROTATE_BYTES, retention=_KEEP_FILES, colorize=False,
-                       backtrace=False, diagnose=False)
+            logger.add(pathlib.Path(log_dir) / f"{process}.log", format=lambda _record: "{extra[_json]}\n",
+                       rotation=rotate_bytes, retention=keep_rotated, **options)
         except OSError as exc:
-            warnings.append(("Log directory unavailable; logging to stdout only",
-                             {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))
+            fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
+                                      {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))
 
     logging.basicConfig(handlers=[_StdlibBridge()], level=logging.DEBUG if with_caller else logging.INFO,
                         force=True)
-    for message, fields in warnings:
-        logger.warning(message, **fields)
-    return [message for message, _ in warnings]
+    return fallbacks
