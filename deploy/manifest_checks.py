@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Checks on rendered manifests that schema validation cannot make.
+
+kubernetes-validate checks every object against the OpenAPI schema of a Kubernetes
+release: field names and types. The API server also rejects objects for reasons no
+schema states (a mount naming a volume that does not exist, two mounts at one path,
+duplicate names, a selector that does not match the template's labels). This module
+makes those checks for the kinds this project ships (DaemonSet, Pod), plus the
+device plugin's own rules: a DaemonSet update never surges, NPUs are requested
+as whole numbers under `limits`.
+
+    python deploy/manifest_checks.py FILE.yaml...    # prints each problem; exit 1 if any
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import yaml
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NPU_RESOURCE_PREFIX = "rebellions.ai/"
+
+
+def _duplicates(values: Iterable[Any]) -> list[Any]:
+    return sorted(value for value, count in Counter(values).items() if count > 1)
+
+
+def _pod_spec_problems(where: str, spec: dict[str, Any]) -> Iterator[str]:
+    volumes = spec.get("volumes") or []
+    volume_names = [volume.get("name", "") for volume in volumes]
+    for name in _duplicates(volume_names):
+        yield f"{where}: volume name {name!r} is used twice"
+    for volume in volumes:
+        name = volume.get("name", "")
+        if not DNS1123_LABEL.match(name) or len(name) > 63:
+            yield f"{where}: volume name {name!r} is not a DNS-1123 label"
+        host_path = (volume.get("hostPath") or {}).get("path")
+        if host_path is not None and not str(host_path).startswith("/"):
+            yield f"{where}: hostPath {host_path!r} of volume {name!r} is not absolute"
+    containers = [("container", c) for c in spec.get("containers") or []]
+    containers += [("initContainer", c) for c in spec.get("initContainers") or []]
+    if not spec.get("containers"):
+        yield f"{where}: no containers"
+    for name in _duplicates(c.get("name") for _, c in containers):
+        yield f"{where}: container name {name!r} is used twice"
+    for kind, container in containers:
+        here = f"{where} {kind} {container.get('name')!r}"
+        mounts = container.get("volumeMounts") or []
+        for mount in mounts:
+            if mount.get("name") not in volume_names:
+                yield f"{here}: volumeMount {mount.get('name')!r} names no volume of the pod"
+            if not str(mount.get("mountPath", "")).startswith("/"):
+                yield f"{here}: mountPath {mount.get('mountPath')!r} is not absolute"
+        for path in _duplicates(mount.get("mountPath") for mount in mounts):
+            yield f"{here}: two volumeMounts at {path!r}"
+        for env_name in _duplicates(env.get("name") for env in container.get("env") or []):
+            yield f"{here}: environment variable {env_name!r} is set twice"
+        ports = container.get("ports") or []
+        for port in _duplicates(port.get("containerPort") for port in ports):
+            yield f"{here}: containerPort {port} is declared twice"
+        for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
+            grpc = (container.get(probe_name) or {}).get("grpc")
+            if grpc is not None and not (isinstance(grpc.get("port"), int) and 1 <= grpc["port"] <= 65535):
+                yield f"{here}: {probe_name}.grpc.port {grpc.get('port')!r} is not a port number"
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        for resource in sorted(set(limits) | set(requests)):
+            if not resource.startswith(NPU_RESOURCE_PREFIX):
+                continue
+            if resource not in limits:
+                yield f"{here}: {resource} is requested but has no limit (extended resources need one)"
+                continue
+            if not isinstance(limits[resource], int) or limits[resource] < 1:
+                yield f"{here}: {resource} limit {limits[resource]!r} is not a positive whole number"
+            if resource in requests and str(requests[resource]) != str(limits[resource]):
+                yield f"{here}: {resource} request differs from its limit (no overcommit for extended resources)"
+
+
+def _daemonset_problems(where: str, daemonset: dict[str, Any]) -> Iterator[str]:
+    spec = daemonset.get("spec") or {}
+    template = spec.get("template") or {}
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if not selector:
+        yield f"{where}: spec.selector.matchLabels is empty"
+    for key, value in selector.items():
+        if labels.get(key) != value:
+            yield f"{where}: selector {key}={value} does not match the pod template's labels"
+    strategy = spec.get("updateStrategy") or {}
+    rolling = strategy.get("rollingUpdate") or {}
+    if str(rolling.get("maxSurge", 0)) not in ("0", "0%"):
+        yield f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice on a node"
+    yield from _pod_spec_problems(where, template.get("spec") or {})
+
+
+def problems(documents: Iterable[Any], source: str = "") -> list[str]:
+    found: list[str] = []
+    for document in documents:
+        if not isinstance(document, dict):
+            continue
+        kind = document.get("kind")
+        name = (document.get("metadata") or {}).get("name")
+        where = f"{source}: {kind}/{name}" if source else f"{kind}/{name}"
+        if kind == "DaemonSet":
+            found.extend(_daemonset_problems(where, document))
+        elif kind == "Pod":
+            found.extend(_pod_spec_problems(where, document.get("spec") or {}))
+    return found
+
+
+def main(paths: list[str]) -> int:
+    if not paths:
+        print("usage: manifest_checks.py FILE.yaml...", file=sys.stderr)
+        return 2
+    failed = False
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            documents = [doc for doc in yaml.safe_load_all(handle) if doc]
+        found = problems(documents, path)
+        for problem in found:
+            print(f"ERROR {problem}")
+        kinds = ", ".join(f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}" for doc in documents)
+        if not found:
+            print(f"INFO {path}: {kinds}: no problems")
+        failed = failed or bool(found)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

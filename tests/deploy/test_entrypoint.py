@@ -1,0 +1,185 @@
+"""The image's entrypoint, run the way the container runs it, without a container engine.
+
+The wheel comes from the Dockerfile's first stage done without Docker (deploy/image_context.py: the
+.dockerignore'd context, `pip wheel --no-deps`). It is installed the way the final stage installs it,
+`pip install <wheel>` with its dependencies from the package index, into a new virtual environment
+that sees neither the system's packages nor the source tree. So a module, a data file or a
+dependency missing from the wheel's metadata fails here as it would in the image, instead of being
+found in the development environment.
+
+The ENTRYPOINT argv and the ENV of the image are read from the Dockerfile's final stage, the argv
+resolved through PATH as a container runtime does, and started from a directory outside the source
+tree against a simulated node, with the kubelet simulator listening on the node's kubelet.sock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode, build_node
+from simulator.spec import NodeSpec
+from simulator.stack import StackProcess
+from tests.deploy import ROOT, load_deploy_module
+
+image_context = load_deploy_module("image_context")
+
+NPU = "rebellions.ai/npu"
+PROGRAMS = {"scanner", "worker-npu", "worker-npu-vf1", "worker-npu-vf4", "watchdog"}
+PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog")
+INSTALL_TIMEOUT_SECONDS = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class InstalledImage:
+    """The wheel installed in a clean virtual environment, as the image's final stage installs it."""
+
+    venv: pathlib.Path
+    version: str
+
+    @property
+    def bin_dir(self) -> pathlib.Path:
+        return self.venv / "bin"
+
+    @property
+    def python(self) -> pathlib.Path:
+        return self.bin_dir / "python"
+
+    def environment(self, home: pathlib.Path) -> dict[str, str]:
+        """The container's environment: the image's ENV, PATH leading to the installed console scripts
+        (the python image's PATH starts with the directory pip installs them into), nothing inherited."""
+        return {**image_context.image_environment(), "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+                "HOME": str(home)}
+
+
+class EntrypointProcess(StackProcess):
+    """The stack started by `argv` (the ENTRYPOINT) from `cwd`, read like any StackProcess."""
+
+    def __init__(self, argv: list[str], cwd: pathlib.Path, environ: dict[str, str]):
+        super().__init__(environ)
+        self._argv = argv
+        self._cwd = cwd
+
+    def start(self) -> "EntrypointProcess":
+        self._proc = subprocess.Popen(self._argv, cwd=self._cwd, env=self._environ, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                                      start_new_session=True)
+        for stream, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
+            reader = threading.Thread(target=self._read, args=(stream, sink), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        return self
+
+
+@pytest.fixture(scope="module")
+def installed_image(tmp_path_factory) -> InstalledImage:
+    work = tmp_path_factory.mktemp("image")
+    wheel, problems = image_context.stage_one(work / "wheels")
+    assert problems == []
+    venv = work / "venv"
+    # The test's interpreter may itself be a venv's: `venv` bases the new one on the base interpreter.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
+         "--disable-pip-version-check", str(wheel)],
+        capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
+    assert install.returncode == 0, f"pip install {wheel.name} into a clean venv failed:\n{install.stderr}"
+    return InstalledImage(venv, version=wheel.name.split("-")[1])
+
+
+@pytest.fixture
+def container_dir() -> Iterator[pathlib.Path]:
+    """Short (unix socket paths) and outside the source tree: the node, the working directory, HOME."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="rbln-ep-", dir="/tmp"))
+    assert ROOT not in path.parents
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def node(container_dir) -> SimulatedNode:
+    return build_node(container_dir / "node", NodeSpec.parse("2"))
+
+
+@pytest.fixture
+def kubelet(node) -> Iterator[KubeletSimulator]:
+    with KubeletSimulator(node.plugin_dir) as simulator:
+        yield simulator
+
+
+def _cmdline(pid: int) -> list[str]:
+    return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+
+
+def _children(pid: int) -> dict[int, list[str]]:
+    """pid -> argv of the live processes whose parent is `pid`."""
+    children = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            parent = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
+            if parent == pid:
+                children[int(entry.name)] = _cmdline(int(entry.name))
+        except (OSError, StopIteration):  # gone meanwhile, or a kernel thread
+            continue
+    return children
+
+
+def test_the_installed_wheel_imports_from_the_venv_only(installed_image, container_dir):
+    environ = installed_image.environment(container_dir)
+    entrypoint = image_context.image_entrypoint()
+    assert shutil.which(entrypoint[0], path=environ["PATH"]) == str(installed_image.bin_dir / entrypoint[0])
+    probe = subprocess.run(
+        [str(installed_image.python), "-c",
+         f"import importlib; print(*(importlib.import_module(p).__file__ for p in {PACKAGES!r}), sep='\\n')"],
+        cwd=container_dir, env=environ, capture_output=True, text=True, timeout=60, check=True)
+    site_packages = installed_image.venv / "lib"
+    assert [pathlib.Path(f).is_relative_to(site_packages) for f in probe.stdout.split()] == [True] * len(PACKAGES)
+
+
+def test_entrypoint_execs_supervisord_which_serves_the_kubelet_and_stops_on_sigterm(
+        installed_image, container_dir, node, kubelet):
+    environ = {**installed_image.environment(container_dir), **node.env("200ms"), "NODE_NAME": "entrypoint-node"}
+    stack = EntrypointProcess(image_context.image_entrypoint(), container_dir, environ).start()
+    try:
+        kubelet.wait_for_devices(NPU, {"rbln0": "Healthy", "rbln1": "Healthy"}, timeout=30)
+        starts = stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
+        assert {r["process"] for r in starts} == PROGRAMS
+        assert {r["version"] for r in starts} == {installed_image.version}
+
+        (container,) = kubelet.allocate(NPU, [["rbln1", "rbln0"]]).container_responses
+        (gid,) = [group for group in node.rsd_groups() if group != 0]
+        assert [(d.container_path, d.host_path) for d in container.devices] == [
+            ("/dev/rsd0", f"/dev/rsd{gid}"), ("/dev/rbln0", "/dev/rbln0"), ("/dev/rbln1", "/dev/rbln1")]
+        assert dict(container.annotations) == {"cdi.k8s.io/rebellions.ai_npu": "rebellions.ai/npu=runtime"}
+
+        # The process the runtime started became supervisord (exec, same pid), on the installed copy's config.
+        assert (node.run_dir / "supervisord.pid").read_text().strip() == str(stack.pid)
+        python = str(installed_image.python)
+        conf = _cmdline(stack.pid)[-1]
+        assert _cmdline(stack.pid) == [python, "-m", "supervisor.supervisord", "-n", "-c", conf]
+        assert pathlib.Path(conf).is_relative_to(installed_image.venv) and conf.endswith("/shared/supervisor.conf")
+        # Its children are the stack's programs, run by the venv's interpreter.
+        programs = _children(stack.pid)
+        modules = sorted(argv[2] for argv in programs.values() if argv[:2] == [python, "-m"])
+        assert modules == ["kubelet_watchdog", "resource_worker", "resource_worker", "resource_worker", "scanner"]
+    finally:
+        # What the runtime sends PID 1 when the pod is deleted.
+        code = stack.stop(signal.SIGTERM)
+    assert code == 0, "\n".join(stack.stderr_lines[-20:])
+    assert {r["process"] for r in stack.find("Shutdown signal received", signal="SIGTERM")} == PROGRAMS
+    assert not [pid for pid in programs if pathlib.Path(f"/proc/{pid}").exists()]
+    assert not [r for r in stack.records if r["level"] == "error"]
