@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     status_command.add_arguments(status)
     logs = commands.add_parser("logs", help="show one process's records from its log files, for a person")
     logs_command.add_arguments(logs)
+    from scanner import topology_command
+
+    topology = commands.add_parser("topology", help="draw the node's PCI forest as placement sees it")
+    topology_command.add_arguments(topology)
     return parser
 
 
@@ -59,3 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         from shared.logs_command import run as show_logs
 
         raise SystemExit(show_logs(args))
+    elif args.command == "topology":
+        from scanner.topology_command import run as show_topology
+
+        raise SystemExit(show_topology(args))
