@@ -25,6 +25,7 @@ DEVICE_PERMISSIONS = "rw"
 DEVICE_NODE_TIMEOUT = 5.0
 _NODE_POLL = 0.02
 _MAX_NAMED_IN_ERROR = 80
+_MAX_LISTED_IN_ERROR = 5
 
 
 class ErrorKind(enum.Enum):
@@ -72,8 +73,16 @@ class ContainerAllocation:
 
 
 def _shown(device_id: str) -> str:
-    """A device ID as an error message may quote it: hostile IDs can be megabytes long."""
-    return repr(device_id if len(device_id) <= _MAX_NAMED_IN_ERROR else device_id[:_MAX_NAMED_IN_ERROR] + "…")
+    """A device ID as an error message quotes it: hostile IDs can be megabytes long, and escaped
+    characters make a quoted ID longer still, so the quoted form is what is cut."""
+    quoted = repr(device_id)
+    return quoted if len(quoted) <= _MAX_NAMED_IN_ERROR else quoted[:_MAX_NAMED_IN_ERROR] + "…"
+
+
+def _names(items: Sequence[str]) -> str:
+    """The first few of `items`, joined: a message names what failed and stays short whatever the request."""
+    shown = ", ".join(items[:_MAX_LISTED_IN_ERROR])
+    return shown + (f" and {len(items) - _MAX_LISTED_IN_ERROR} more" if len(items) > _MAX_LISTED_IN_ERROR else "")
 
 
 def _dedupe(ids: Sequence[str]) -> list[str]:
@@ -103,14 +112,13 @@ class Allocator:
         known = self._table.lookup(distinct)
         unknown = [device_id for device_id, device in known.items() if device is None]
         if unknown:
-            names = ", ".join(_shown(d) for d in unknown[:5]) + (" …" if len(unknown) > 5 else "")
-            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {names}: not a device of {resource}",
-                                  unknown)
+            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {_names([_shown(d) for d in unknown])}: "
+                                  f"not a device of {resource}", unknown)
         # One read per distinct device, shared by every container of the request.
         health = self._table.check_status(distinct, self._read_status)
         unhealthy = [device_id for device_id in distinct if health[device_id].health is Health.UNHEALTHY]
         if unhealthy:
-            detail = ", ".join(f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy)
+            detail = _names([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
             raise AllocationError(ErrorKind.UNHEALTHY_DEVICE, f"cannot allocate unhealthy devices: {detail}",
                                   unhealthy)
         return [[known[device_id] for device_id in ids] for ids in wanted]
@@ -118,15 +126,17 @@ class Allocator:
     def allocate_container(self, devices: Sequence[Advertised]) -> ContainerAllocation:
         records = tuple(sorted((d.record for d in devices), key=lambda r: r.device_id))
         ids = [r.device_id for r in records]
+        device_nodes = tuple(DeviceNode(f"/dev/{r.device_id}", f"/dev/{r.device_id}") for r in records)
+        # Before the group is made: a container that cannot get its devices must not cost an RSD change.
+        self._await_nodes(device_nodes, ids)
         try:
             group = self._rsd_groups.recreate(records)
         except RsdGroupError as exc:
-            raise AllocationError(ErrorKind.RSD_GROUP_FAILED,
-                                  f"RSD group for {', '.join(ids)} failed: {exc}", ids) from None
+            raise AllocationError(ErrorKind.RSD_GROUP_FAILED, f"RSD group for {_names(ids)} failed: {exc}",
+                                  ids) from None
         rsd = DeviceNode(CONTAINER_RSD_PATH, f"/dev/rsd{group}")
-        nodes = (rsd, *(DeviceNode(f"/dev/{r.device_id}", f"/dev/{r.device_id}") for r in records))
-        self._await_nodes(nodes, ids)
-        return ContainerAllocation(records, group, nodes, {CDI_ANNOTATION_KEY: CDI_ANNOTATION_VALUE})
+        self._await_nodes((rsd,), ids)
+        return ContainerAllocation(records, group, (rsd, *device_nodes), {CDI_ANNOTATION_KEY: CDI_ANNOTATION_VALUE})
 
     def _await_nodes(self, nodes: Sequence[DeviceNode], ids: Sequence[str]) -> None:
         """Wait, bounded, for each host node to exist under DEV_ROOT (a new RSD node appears asynchronously)."""
@@ -136,6 +146,6 @@ class Allocator:
             while not path.exists():
                 if time.monotonic() >= deadline:
                     raise AllocationError(ErrorKind.DEVICE_NODE_MISSING,
-                                          f"device node {node.host_path} for {', '.join(ids)} did not appear "
+                                          f"device node {node.host_path} for {_names(ids)} did not appear "
                                           f"under {self._dev_root} within {self._node_timeout:g}s", ids)
                 time.sleep(_NODE_POLL)

@@ -29,10 +29,13 @@ class RsdGroupError(RuntimeError):
 
 
 @contextlib.contextmanager
-def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[None]:
-    """Hold an exclusive flock on `lock_file`; RsdGroupError if it is not free within `timeout`.
+def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
+    """Hold an exclusive flock on `lock_file` and yield its descriptor; RsdGroupError if it is not
+    free within `timeout`.
 
-    The kernel drops the lock when the holder dies, so a crash mid-change never wedges the node.
+    The kernel drops the lock when the last descriptor of it closes: a holder that dies never
+    wedges the node, except through a child it handed the descriptor to, which keeps the lock
+    until it ends (see RblnSmi's group changes).
     """
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +54,7 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[None]:
                     raise RsdGroupError(f"RSD lock {lock_file} still held by another process after {timeout:g}s")
                 time.sleep(pause)
                 pause = min(pause * 2, _LOCK_POLL_MAX)
-        yield
+        yield fd
     finally:
         os.close(fd)  # closing the only descriptor releases the lock
 
@@ -73,7 +76,7 @@ class RsdGroups:
         """Put exactly `devices` into a new RSD group and return its id."""
         wanted = {device.bus_id.lower(): device for device in devices}
         try:
-            with held_flock(self._lock_file, self._lock_timeout):
+            with held_flock(self._lock_file, self._lock_timeout) as lock_fd:
                 listing = self._smi.groups()
                 members = {entry.bus_id.lower(): entry for entry in listing.devices if entry.bus_id.lower() in wanted}
                 missing = [device.device_id for bus, device in wanted.items() if bus not in members]
@@ -83,9 +86,10 @@ class RsdGroups:
                                 if entry.group_id not in (None, DEFAULT_GROUP)})
                 used = {entry.group_id for entry in listing.devices if entry.group_id is not None}
                 if stale:
-                    self._smi.destroy_groups(stale)
+                    self._smi.destroy_groups(stale, lock_fd)
                 group_id = next_group_id(used - set(stale))
-                self._smi.create_group(group_id, [members[device.bus_id.lower()].npu for device in devices])
+                npus = [members[device.bus_id.lower()].npu for device in devices]
+                self._smi.create_group(group_id, npus, lock_fd)
                 return group_id
         except RblnSmiError as exc:
             raise RsdGroupError(str(exc)) from None

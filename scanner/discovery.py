@@ -7,7 +7,8 @@ import pathlib
 import time
 from collections.abc import Callable
 
-from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.inventory import BUS_ID_PATTERN, DEVICE_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.ipc import MAX_DEVICES
 from shared.pci_path import resolve_pci_path
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
 from shared.resources import Resource
@@ -49,16 +50,15 @@ def resource_for(role: SriovRole) -> Resource | None:
 
 def _classify(smi: SmiDevice, sysfs_root: pathlib.Path) -> tuple[Resource | None, SriovRole | None, str | None]:
     """(resource, role, exclusion reason) of one listed device."""
-    if not is_valid_device_id(smi.device):
+    # fullmatch as well: the pattern's `$` also matches before a trailing newline.
+    if not (is_valid_device_id(smi.device) and DEVICE_ID_PATTERN.fullmatch(smi.device)):
         return None, None, f"device name {smi.device[:80]!r} is not a valid device ID"
-    if not BUS_ID_PATTERN.match(smi.bus_id):
+    if not BUS_ID_PATTERN.fullmatch(smi.bus_id):
         return None, None, f"PCI address {smi.bus_id[:80]!r} is malformed"
     try:
         role = probe_sriov(sysfs_root, smi.bus_id)
     except SriovError as exc:
         return None, None, str(exc)
-    if role.kind is SriovKind.VF and not BUS_ID_PATTERN.match(role.parent_pf or ""):
-        return None, None, f"parent PF address {role.parent_pf!r} is malformed"
     resource = resource_for(role)
     if resource is None and role.kind is SriovKind.VF:
         return None, role, (f"its PF {role.parent_pf} is partitioned into {role.num_vfs} VFs; "
@@ -73,6 +73,10 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
     except RblnSmiError as exc:
         return ScanResult(empty_inventories(), error=str(exc), smi_seconds=time.monotonic() - started)
     smi_seconds = time.monotonic() - started
+    if len(listing.devices) > MAX_DEVICES:
+        # More than a message can carry: publishing it would be refused by every worker.
+        return ScanResult(empty_inventories(), error=f"rbln-smi lists {len(listing.devices)} devices, "
+                          f"more than the {MAX_DEVICES} a node can have", smi_seconds=smi_seconds)
 
     found: dict[Resource, list[DeviceRecord]] = {resource: [] for resource in Resource}
     excluded = [Exclusion("?", reason) for reason in listing.rejected]

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.inventory import BUS_ID_PATTERN, DEVICE_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.resources import Resource
 from shared.status import StatusReading
 
@@ -104,12 +104,13 @@ def _optional(value: Any, kinds: type | tuple[type, ...], what: str) -> Any:
 def _device_from_wire(raw: Any) -> DeviceRecord:
     _expect(raw, dict, "device")
     device_id = _expect(raw.get("id"), str, "device id")
-    if not is_valid_device_id(device_id):
+    # fullmatch as well: the pattern's `$` also matches before a trailing newline.
+    if not (is_valid_device_id(device_id) and DEVICE_ID_PATTERN.fullmatch(device_id)):
         raise ProtocolError(f"device id {device_id[:80]!r} is not valid")
     bus_id = _expect(raw.get("bus"), str, f"{device_id} bus")
     parent = _optional(raw.get("parent"), str, f"{device_id} parent")
     for address in (bus_id, parent):
-        if address is not None and not BUS_ID_PATTERN.match(address):
+        if address is not None and not BUS_ID_PATTERN.fullmatch(address):
             raise ProtocolError(f"{device_id}: PCI address {address[:80]!r} is malformed")
     path = _optional(raw.get("path"), list, f"{device_id} path")
     if path is not None:

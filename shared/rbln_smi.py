@@ -10,12 +10,13 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import selectors
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 SEARCH_PATHS = (
     "/usr/bin/rbln-smi",
@@ -27,6 +28,9 @@ LIST_TIMEOUT = 5.0
 GROUP_CHANGE_TIMEOUT = 10.0
 MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 _ERROR_EXCERPT = 2048
+# An npu index goes into `group -c G -a N1,N2`: a comma or a blank in it would name other devices.
+_NPU_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+_MAX_NAME_IN_ERROR = 80
 
 
 class RblnSmiError(RuntimeError):
@@ -60,7 +64,8 @@ class CallResult:
     duration: float
 
 
-Runner = Callable[[Sequence[str], float], CallResult]
+class Runner(Protocol):
+    def __call__(self, argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> CallResult: ...
 
 
 def _excerpt(output: bytes) -> str:
@@ -71,12 +76,15 @@ def _excerpt(output: bytes) -> str:
     return f"{text[:half]} … {text[-half:]}"
 
 
-def run_bounded(argv: Sequence[str], timeout: float) -> CallResult:
-    """Run `argv` with stdout and stderr combined; kill it past `timeout` or MAX_OUTPUT_BYTES."""
+def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> CallResult:
+    """Run `argv` with stdout and stderr combined; kill it past `timeout` or MAX_OUTPUT_BYTES.
+
+    `pass_fds` are inherited by the tool (every other descriptor is closed in it)."""
     started = time.monotonic()
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)
+                                stderr=subprocess.STDOUT, close_fds=True, pass_fds=tuple(pass_fds),
+                                start_new_session=True)
     except OSError as exc:
         raise RblnSmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     chunks: list[bytes] = []
@@ -143,22 +151,25 @@ def _parse_device(entry: Any) -> SmiDevice:
     device = entry.get("device")
     if not isinstance(device, str) or not device:
         raise ValueError("missing 'device' name")
+    named = device[:_MAX_NAME_IN_ERROR]  # a reason is logged: a hostile name must not make it huge
     npu = entry.get("npu")
-    if isinstance(npu, bool) or not isinstance(npu, (int, str)) or npu == "":
-        raise ValueError(f"{device}: 'npu' must be an integer or a string")
+    if isinstance(npu, bool) or not (isinstance(npu, int) and npu >= 0
+                                     or isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu)):
+        raise ValueError(f"{named}: 'npu' must be a non-negative integer or a plain token")
     pci = entry.get("pci") or {}
     if not isinstance(pci, dict):
-        raise ValueError(f"{device}: 'pci' is not an object")
+        raise ValueError(f"{named}: 'pci' is not an object")
     bus_id = pci.get("bus_id")
     if not isinstance(bus_id, str):
-        raise ValueError(f"{device}: missing 'pci.bus_id'")
+        raise ValueError(f"{named}: missing 'pci.bus_id'")
     group_raw = entry.get("group_id")
     group_id: int | None = None
     if group_raw is not None and group_raw != "":
         try:
             group_id = int(group_raw)
         except (TypeError, ValueError):
-            raise ValueError(f"{device}: 'group_id' {group_raw!r} is not an integer") from None
+            shown = str(group_raw)[:_MAX_NAME_IN_ERROR]
+            raise ValueError(f"{named}: 'group_id' {shown!r} is not an integer") from None
     return SmiDevice(device=device, npu=npu, name=_text(entry.get("name")), sid=_text(entry.get("sid")),
                      bus_id=bus_id, numa_node=_text(pci.get("numa_node")), group_id=group_id)
 
@@ -167,7 +178,7 @@ def parse_listing(output: bytes) -> SmiListing:
     """Parse `rbln-smi -j` / `-g -j` output; entries that cannot be used are listed in `rejected`."""
     try:
         document = json.loads(output)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise RblnSmiError(f"rbln-smi printed invalid JSON: {exc}: {_excerpt(output)}") from None
     if not isinstance(document, dict) or not isinstance(document.get("devices", []), list):
         raise RblnSmiError("rbln-smi JSON has no 'devices' list")
@@ -191,9 +202,9 @@ class RblnSmi:
         self._list_timeout = list_timeout
         self._change_timeout = change_timeout
 
-    def _call(self, args: Sequence[str], timeout: float) -> bytes:
+    def _call(self, args: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> bytes:
         binary = locate(self._configured)
-        result = self._runner([str(binary), *args], timeout)
+        result = self._runner([str(binary), *args], timeout, pass_fds)
         if result.returncode != 0:
             raise RblnSmiError(f"rbln-smi {' '.join(args)} exited with status {result.returncode}: "
                                f"{_excerpt(result.output)}")
@@ -205,8 +216,16 @@ class RblnSmi:
     def groups(self) -> SmiListing:
         return parse_listing(self._call(["-g", "-j"], self._list_timeout))
 
-    def destroy_groups(self, group_ids: Sequence[int]) -> None:
-        self._call(["group", "-d", ",".join(str(g) for g in group_ids)], self._change_timeout)
+    # A group change inherits `lock_fd`, the caller's descriptor of the RSD flock: if the
+    # caller dies mid-change (the tool runs in a session of its own and outlives it), the
+    # lock stays held until the change itself has ended, so no other process can start a
+    # change that overlaps the orphaned one.
 
-    def create_group(self, group_id: int, npus: Sequence[int | str]) -> None:
-        self._call(["group", "-c", str(group_id), "-a", ",".join(str(n) for n in npus)], self._change_timeout)
+    def destroy_groups(self, group_ids: Sequence[int], lock_fd: int | None = None) -> None:
+        self._change(["group", "-d", ",".join(str(g) for g in group_ids)], lock_fd)
+
+    def create_group(self, group_id: int, npus: Sequence[int | str], lock_fd: int | None = None) -> None:
+        self._change(["group", "-c", str(group_id), "-a", ",".join(str(n) for n in npus)], lock_fd)
+
+    def _change(self, args: Sequence[str], lock_fd: int | None) -> None:
+        self._call(args, self._change_timeout, () if lock_fd is None else (lock_fd,))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import os
 import pathlib
+import stat
+
+from shared.inventory import BUS_ID_PATTERN
 
 # A sysfs attribute is a short line; never read more than this.
 _MAX_ATTRIBUTE_BYTES = 256
@@ -34,12 +38,39 @@ def pci_device_dir(sysfs_root: pathlib.Path, bus_id: str) -> pathlib.Path:
 
 
 def read_attribute(path: pathlib.Path) -> str:
-    """A sysfs attribute's text, stripped; OSError when it cannot be read."""
-    with open(path, "rb") as handle:
-        raw = handle.read(_MAX_ATTRIBUTE_BYTES + 1)
+    """A sysfs attribute's text, stripped; OSError when it cannot be read.
+
+    Only a regular file counts: a FIFO or a device in its place would block the
+    scan or feed it without end, so it is refused before anything is read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        raw = os.read(fd, _MAX_ATTRIBUTE_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(raw) > _MAX_ATTRIBUTE_BYTES:
-        raise OSError(f"{path} is longer than a sysfs attribute")
+        raise OSError(errno.EFBIG, "longer than a sysfs attribute", str(path))
     return raw.decode("ascii", "replace").strip()
+
+
+def _cannot_read(path: pathlib.Path, exc: OSError) -> SriovError:
+    return SriovError(f"cannot read {path}: {exc.strerror or exc}")
+
+
+def _lstat(path: pathlib.Path) -> os.stat_result | None:
+    """`path` itself (a link is not followed), None when absent; SriovError when that cannot be told.
+
+    Only "no such file" means absent: a symlink loop or an I/O error hides what the
+    device is, and guessing "plain PF" would advertise a VF under the wrong resource.
+    """
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _cannot_read(path, exc) from None
 
 
 def _read_num_vfs(device_dir: pathlib.Path) -> int:
@@ -47,20 +78,26 @@ def _read_num_vfs(device_dir: pathlib.Path) -> int:
     try:
         text = read_attribute(path)
     except OSError as exc:
-        raise SriovError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise _cannot_read(path, exc) from None
     try:
         return int(text)
     except ValueError:
-        raise SriovError(f"{path} holds {text!r}, not a VF count") from None
+        raise SriovError(f"{path} holds {text[:32]!r}, not a VF count") from None
 
 
 def probe_sriov(sysfs_root: pathlib.Path, bus_id: str) -> SriovRole:
     device_dir = pci_device_dir(sysfs_root, bus_id)
     physfn = device_dir / "physfn"
-    if physfn.is_symlink():
-        parent = os.path.basename(os.readlink(physfn))
+    physfn_stat = _lstat(physfn)
+    if physfn_stat is not None and stat.S_ISLNK(physfn_stat.st_mode):
+        try:
+            parent = os.path.basename(os.readlink(physfn))
+        except OSError as exc:
+            raise _cannot_read(physfn, exc) from None
+        if not BUS_ID_PATTERN.fullmatch(parent):
+            raise SriovError(f"{physfn} names {parent[:32]!r}, not a PCI address")
         return SriovRole(SriovKind.VF, _read_num_vfs(pci_device_dir(sysfs_root, parent)), parent)
-    if not (device_dir / "sriov_numvfs").exists():
+    if _lstat(device_dir / "sriov_numvfs") is None:
         return SriovRole(SriovKind.PLAIN_PF)
     num_vfs = _read_num_vfs(device_dir)
     if num_vfs > 0:

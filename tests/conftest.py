@@ -1,3 +1,4 @@
+import os
 import pathlib
 import shutil
 import tempfile
@@ -11,3 +12,11 @@ def short_tmp():
     path = pathlib.Path(tempfile.mkdtemp(prefix="rbln-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+# CI runs the same examples every time, so a landing never depends on luck; local runs keep exploring.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")

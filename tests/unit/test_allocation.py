@@ -1,0 +1,137 @@
+"""Allocate's own checks: device nodes awaited within a bound (before any RSD change for the devices
+themselves), errors that name the device and the reason and stay short whatever the request."""
+
+import pathlib
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from resource_worker.allocation import AllocationError, Allocator, ErrorKind
+from resource_worker.device_table import DeviceTable
+from resource_worker.rsd_group import RsdGroupError
+from shared.resources import Resource
+from shared.status import StatusReading
+from tests.unit.test_ipc import message, record
+
+READY, FAULT = StatusReading(0), StatusReading(4)
+NODE_TIMEOUT = 0.3
+# gRPC carries the message in a header (8 KiB by default); far below that, it still names what failed.
+MAX_MESSAGE_CHARS = 1024
+
+
+class FakeGroups:
+    """RsdGroups that hand out group 7 and make its node appear after `delay` seconds (None: never)."""
+
+    def __init__(self, dev_root: pathlib.Path, delay: float | None = 0.0, error: str | None = None):
+        self._dev_root = dev_root
+        self._delay = delay
+        self._error = error
+        self.calls: list[list[str]] = []
+
+    def recreate(self, devices):
+        self.calls.append([d.device_id for d in devices])
+        if self._error:
+            raise RsdGroupError(self._error)
+        if self._delay is not None:
+            threading.Timer(self._delay, (self._dev_root / "rsd7").touch).start()
+        return 7
+
+
+def make_allocator(tmp_path: pathlib.Path, count: int = 3, nodes: tuple[str, ...] | None = None,
+                   statuses: dict[str, StatusReading] | None = None, **groups) -> tuple[Allocator, FakeGroups]:
+    ids = [f"rbln{i}" for i in range(count)]
+    dev_root = tmp_path / "dev"
+    dev_root.mkdir(parents=True)
+    for name in ids if nodes is None else nodes:
+        (dev_root / name).touch()
+    table = DeviceTable(Resource.NPU)
+    table.apply(message(devices=tuple(record(device_id, npu=i, bus_id=f"0000:{3 + i:02x}:00.0")
+                                      for i, device_id in enumerate(ids))))
+    statuses = statuses or {}
+    fake = FakeGroups(dev_root, **groups)
+    allocator = Allocator(table, fake, dev_root, lambda device_id: statuses.get(device_id, READY),
+                          node_timeout=NODE_TIMEOUT)
+    return allocator, fake
+
+
+def allocate(allocator: Allocator, *ids: str):
+    [devices] = allocator.validate([list(ids)])
+    return allocator.allocate_container(devices)
+
+
+def test_the_contract_response_once_every_node_exists(tmp_path):
+    allocator, fake = make_allocator(tmp_path)
+    allocation = allocate(allocator, "rbln1", "rbln0")
+    assert [(n.container_path, n.host_path) for n in allocation.nodes] == [
+        ("/dev/rsd0", "/dev/rsd7"), ("/dev/rbln0", "/dev/rbln0"), ("/dev/rbln1", "/dev/rbln1")]
+    assert fake.calls == [["rbln0", "rbln1"]]
+
+
+def test_a_missing_device_node_fails_after_the_bound_without_touching_rsd_groups(tmp_path):
+    allocator, fake = make_allocator(tmp_path, nodes=("rbln0",))
+    with pytest.raises(AllocationError) as failed:
+        allocate(allocator, "rbln0", "rbln1")
+    assert failed.value.kind is ErrorKind.DEVICE_NODE_MISSING
+    assert str(failed.value) == (f"device node /dev/rbln1 for rbln0, rbln1 did not appear under {tmp_path / 'dev'} "
+                                 f"within {NODE_TIMEOUT:g}s")
+    assert fake.calls == []
+
+
+def test_a_new_rsd_node_is_awaited_and_one_that_never_comes_is_named(tmp_path):
+    late, _ = make_allocator(tmp_path / "late", delay=NODE_TIMEOUT / 3)
+    assert allocate(late, "rbln0").rsd_host_path == "/dev/rsd7"
+    never, _ = make_allocator(tmp_path / "never", delay=None)
+    with pytest.raises(AllocationError, match="device node /dev/rsd7 for rbln0 did not appear") as failed:
+        allocate(never, "rbln0")
+    assert failed.value.kind is ErrorKind.DEVICE_NODE_MISSING
+
+
+def test_a_failed_group_names_the_devices_and_the_tools_reason(tmp_path):
+    allocator, _ = make_allocator(tmp_path, error="rbln-smi group -c 7 -a 0 exited with status 1: busy")
+    with pytest.raises(AllocationError) as failed:
+        allocate(allocator, "rbln0")
+    assert failed.value.kind is ErrorKind.RSD_GROUP_FAILED
+    assert str(failed.value) == "RSD group for rbln0 failed: rbln-smi group -c 7 -a 0 exited with status 1: busy"
+
+
+def test_an_error_naming_many_devices_names_a_few_and_counts_the_rest(tmp_path):
+    allocator, _ = make_allocator(tmp_path, count=40, statuses={f"rbln{i}": FAULT for i in range(40)})
+    with pytest.raises(AllocationError) as failed:
+        allocator.validate([[f"rbln{i}" for i in range(40)]])
+    assert failed.value.kind is ErrorKind.UNHEALTHY_DEVICE
+    assert str(failed.value) == ("cannot allocate unhealthy devices: rbln0 is Unhealthy (FAULT), rbln1 is Unhealthy "
+                                 "(FAULT), rbln2 is Unhealthy (FAULT), rbln3 is Unhealthy (FAULT), rbln4 is Unhealthy "
+                                 "(FAULT) and 35 more")
+    assert len(failed.value.device_ids) == 40
+
+
+HOSTILE_IDS = st.one_of(
+    st.sampled_from(["rbln0", "rbln1", "rbln2", "../rbln0", "/dev/rbln0", "rbln0\x00", "rbln0/../../etc/passwd"]),
+    st.text(max_size=80),
+    st.text(min_size=64, max_size=300),
+    st.builds(lambda c, n: c * n, st.characters(), st.integers(1_000, 1_000_000)),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(st.lists(HOSTILE_IDS, max_size=20), max_size=5))
+def test_validate_answers_any_request_with_devices_or_a_short_error_naming_the_culprit(tmp_path_factory, requests):
+    allocator, _ = make_allocator(tmp_path_factory.mktemp("node"), statuses={"rbln2": FAULT})
+    try:
+        containers = allocator.validate(requests)
+    except AllocationError as exc:
+        text = str(exc)
+        assert len(text) <= MAX_MESSAGE_CHARS
+        if exc.kind is ErrorKind.UNKNOWN_DEVICE:
+            first = exc.device_ids[0]
+            assert repr(first) in text or repr(first)[:80] + "…" in text  # named, or its start when it is long
+        elif exc.kind is ErrorKind.UNHEALTHY_DEVICE:
+            assert exc.device_ids == ["rbln2"] and "rbln2 is Unhealthy (FAULT)" in text
+        else:
+            assert exc.kind is ErrorKind.INVALID_REQUEST
+        return
+    known = {"rbln0", "rbln1"}
+    assert [[d.device_id for d in devices] for devices in containers] == [list(dict.fromkeys(ids)) for ids in requests]
+    assert all(set(ids) <= known for ids in requests) and all(requests)
