@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -60,25 +59,6 @@ class InstalledImage:
         (the python image's PATH starts with the directory pip installs them into), nothing inherited."""
         return {**image_context.image_environment(), "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
                 "HOME": str(home)}
-
-
-class EntrypointProcess(StackProcess):
-    """The stack started by `argv` (the ENTRYPOINT) from `cwd`, read like any StackProcess."""
-
-    def __init__(self, argv: list[str], cwd: pathlib.Path, environ: dict[str, str]):
-        super().__init__(environ)
-        self._argv = argv
-        self._cwd = cwd
-
-    def start(self) -> "EntrypointProcess":
-        self._proc = subprocess.Popen(self._argv, cwd=self._cwd, env=self._environ, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                      start_new_session=True)
-        for stream, sink in ((self._proc.stdout, self._on_stdout), (self._proc.stderr, self._on_stderr)):
-            reader = threading.Thread(target=self._read, args=(stream, sink), daemon=True)
-            reader.start()
-            self._readers.append(reader)
-        return self
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +133,7 @@ def test_the_installed_wheel_imports_from_the_venv_only(installed_image, contain
 def test_entrypoint_execs_supervisord_which_serves_the_kubelet_and_stops_on_sigterm(
         installed_image, container_dir, node, kubelet):
     environ = {**installed_image.environment(container_dir), **node.env("200ms"), "NODE_NAME": "entrypoint-node"}
-    stack = EntrypointProcess(image_context.image_entrypoint(), container_dir, environ).start()
+    stack = StackProcess(environ, command=image_context.image_entrypoint(), cwd=container_dir).start()
     try:
         kubelet.wait_for_devices(NPU, {"rbln0": "Healthy", "rbln1": "Healthy"}, timeout=30)
         starts = stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
