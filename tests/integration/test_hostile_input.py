@@ -172,7 +172,7 @@ def footprint_violations(served: Served) -> list[str]:
                     continue
                 # A scratch file made and deleted again in the process's own temp dir (supervisord does this
                 # once at start-up); in the container that is container-private storage.
-                if _within(path, [tempfile.gettempdir()]) and args[0] in removed and "/" not in path[5:]:
+                if os.path.dirname(path) == tempfile.gettempdir() and args[0] in removed:
                     continue
                 if not _within(path, writable):
                     violations.append(f"{log.stem}: {event} writes {path}")
