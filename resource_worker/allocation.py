@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from resource_worker.device_table import Advertised, DeviceTable
 from resource_worker.health import Health
-from resource_worker.rsd_group import RsdGroupError, RsdGroups
+from resource_worker.rsd_group import GroupChange, RsdGroupError, RsdGroups
 from shared.inventory import DeviceRecord
 from shared.status import StatusReading
 
@@ -55,7 +55,7 @@ class DeviceNode:
 @dataclasses.dataclass(frozen=True)
 class ContainerAllocation:
     devices: tuple[DeviceRecord, ...]
-    rsd_group: int
+    group: GroupChange
     nodes: tuple[DeviceNode, ...]
     annotations: dict[str, str]
 
@@ -69,7 +69,11 @@ class ContainerAllocation:
 
     @property
     def rsd_host_path(self) -> str:
-        return f"/dev/rsd{self.rsd_group}"
+        return rsd_host_path(self.group.group_id)
+
+
+def rsd_host_path(group_id: int) -> str:
+    return f"/dev/rsd{group_id}"
 
 
 def _shown(device_id: str) -> str:
@@ -134,7 +138,7 @@ class Allocator:
         except RsdGroupError as exc:
             raise AllocationError(ErrorKind.RSD_GROUP_FAILED, f"RSD group for {_names(ids)} failed: {exc}",
                                   ids) from None
-        rsd = DeviceNode(CONTAINER_RSD_PATH, f"/dev/rsd{group}")
+        rsd = DeviceNode(CONTAINER_RSD_PATH, rsd_host_path(group.group_id))
         self._await_nodes((rsd,), ids)
         return ContainerAllocation(records, group, (rsd, *device_nodes), {CDI_ANNOTATION_KEY: CDI_ANNOTATION_VALUE})
 

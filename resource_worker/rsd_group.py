@@ -9,6 +9,7 @@ id: list, destroy (only when needed), create - at most three rbln-smi calls.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import pathlib
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from shared.inventory import DeviceRecord
-from shared.rbln_smi import RblnSmi, RblnSmiError
+from shared.rbln_smi import RblnSmi, RblnSmiError, SmiUsage
 
 DEFAULT_GROUP = 0
 LOCK_TIMEOUT = 30.0
@@ -59,6 +60,15 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
         os.close(fd)  # closing the only descriptor releases the lock
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupChange:
+    group_id: int
+    replaced: tuple[int, ...]
+    """Groups destroyed because they held some of the devices."""
+    smi: SmiUsage
+    """The rbln-smi calls the change made."""
+
+
 def next_group_id(used: set[int]) -> int:
     group_id = DEFAULT_GROUP + 1
     while group_id in used:
@@ -72,12 +82,14 @@ class RsdGroups:
         self._lock_file = lock_file
         self._lock_timeout = lock_timeout
 
-    def recreate(self, devices: Sequence[DeviceRecord]) -> int:
-        """Put exactly `devices` into a new RSD group and return its id."""
+    def recreate(self, devices: Sequence[DeviceRecord]) -> GroupChange:
+        """Put exactly `devices` into a new RSD group; the new group's id and what rbln-smi cost."""
         wanted = {device.bus_id.lower(): device for device in devices}
+        usage = SmiUsage()
+        smi = self._smi.counted(usage)
         try:
             with held_flock(self._lock_file, self._lock_timeout) as lock_fd:
-                listing = self._smi.groups()
+                listing = smi.groups()
                 members = {entry.bus_id.lower(): entry for entry in listing.devices if entry.bus_id.lower() in wanted}
                 missing = [device.device_id for bus, device in wanted.items() if bus not in members]
                 if missing:
@@ -86,10 +98,10 @@ class RsdGroups:
                                 if entry.group_id not in (None, DEFAULT_GROUP)})
                 used = {entry.group_id for entry in listing.devices if entry.group_id is not None}
                 if stale:
-                    self._smi.destroy_groups(stale, lock_fd)
+                    smi.destroy_groups(stale, lock_fd)
                 group_id = next_group_id(used - set(stale))
                 npus = [members[device.bus_id.lower()].npu for device in devices]
-                self._smi.create_group(group_id, npus, lock_fd)
-                return group_id
+                smi.create_group(group_id, npus, lock_fd)
+                return GroupChange(group_id, tuple(stale), usage)
         except RblnSmiError as exc:
             raise RsdGroupError(str(exc)) from None

@@ -152,8 +152,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         with trace.container(ids, bus_ids) as span:
             allocation = self._allocator.allocate_container(devices)
             span.rsd_group(allocation.rsd_host_path)
+        smi = allocation.group.smi
+        smi_ms = round(smi.seconds * 1000, 3)
+        logger.debug("Recreated RSD group", resourceName=self._resource, busIDs=allocation.bus_ids,
+                     rsdGroup=allocation.rsd_host_path, replacedGroups=list(allocation.group.replaced),
+                     smiCalls=smi.calls, smiMs=smi_ms)
         logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=allocation.device_ids,
-                    busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started))
+                    busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started),
+                    smiCalls=smi.calls, smiMs=smi_ms)
         return container_response(allocation)
 
     def PreStartContainer(self, request, context):

@@ -68,6 +68,28 @@ class Runner(Protocol):
     def __call__(self, argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> CallResult: ...
 
 
+@dataclasses.dataclass
+class SmiUsage:
+    """rbln-smi invocations made for one piece of work and the wall time they took (spawn to exit),
+    failed and timed-out ones included: what an Allocate spent in the tool rather than in the plugin."""
+
+    calls: int = 0
+    seconds: float = 0.0
+
+    def timing(self, runner: Runner) -> Runner:
+        """`runner`, adding each call it makes to this usage."""
+
+        def timed(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> CallResult:
+            started = time.monotonic()
+            try:
+                return runner(argv, timeout, pass_fds)
+            finally:
+                self.calls += 1
+                self.seconds += time.monotonic() - started
+
+        return timed
+
+
 def _excerpt(output: bytes) -> str:
     text = output.decode("utf-8", "replace").strip()
     if len(text) <= _ERROR_EXCERPT:
@@ -201,6 +223,10 @@ class RblnSmi:
         self._runner = runner
         self._list_timeout = list_timeout
         self._change_timeout = change_timeout
+
+    def counted(self, usage: SmiUsage) -> RblnSmi:
+        """The same tool, its calls added to `usage` (one per piece of work: usage is not locked)."""
+        return RblnSmi(self._configured, usage.timing(self._runner), self._list_timeout, self._change_timeout)
 
     def _call(self, args: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> bytes:
         binary = locate(self._configured)

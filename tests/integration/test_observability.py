@@ -278,6 +278,11 @@ def test_the_log_catalogue_through_a_node_lifecycle(make_node, kubelet, start_st
     completed = one(stack, "Completed container allocation")
     assert completed["level"] == "info" and completed["deviceIDs"] == ["rbln0", "rbln1"]
     assert completed["busIDs"] == bus and isinstance(completed["durationMs"], (int, float))
+    # A fresh node: list the groups and create one; how long rbln-smi took is part of the duration.
+    assert completed["smiCalls"] == 2 and 0 < completed["smiMs"] <= completed["durationMs"]
+    recreated = one(stack, "Recreated RSD group")
+    assert recreated["level"] == "debug" and recreated["rsdGroup"] == completed["rsdGroup"] == "/dev/rsd1"
+    assert recreated["busIDs"] == bus and recreated["replacedGroups"] == []
     refused = one(stack, "Container allocation failed")
     assert refused["level"] == "error" and refused["deviceIDs"] == ["rbln2"] and "FAULT" in refused["err"]
     assert isinstance(refused["durationMs"], (int, float))

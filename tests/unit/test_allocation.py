@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from resource_worker.allocation import AllocationError, Allocator, ErrorKind
 from resource_worker.device_table import DeviceTable
-from resource_worker.rsd_group import RsdGroupError
+from resource_worker.rsd_group import GroupChange, RsdGroupError
+from shared.rbln_smi import SmiUsage
 from shared.resources import Resource
 from shared.status import StatusReading
 from tests.unit.test_ipc import message, record
@@ -36,7 +37,7 @@ class FakeGroups:
             raise RsdGroupError(self._error)
         if self._delay is not None:
             threading.Timer(self._delay, (self._dev_root / "rsd7").touch).start()
-        return 7
+        return GroupChange(7, (), SmiUsage())
 
 
 def make_allocator(tmp_path: pathlib.Path, count: int = 3, nodes: tuple[str, ...] | None = None,

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from shared.rbln_smi import RblnSmi, RblnSmiError, locate, parse_listing, run_bounded
+from shared.rbln_smi import RblnSmi, RblnSmiError, SmiUsage, locate, parse_listing, run_bounded
 
 
 def tool(tmp_path: pathlib.Path, body: str) -> pathlib.Path:
@@ -61,6 +61,20 @@ def test_non_zero_exit_names_the_command_and_output(tmp_path):
     with pytest.raises(RblnSmiError) as caught:
         smi.inventory()
     assert "-j" in str(caught.value) and "status 3" in str(caught.value) and "driver not loaded" in str(caught.value)
+
+
+def test_a_counted_tool_adds_every_call_to_its_usage_failed_and_timed_out_ones_too(tmp_path):
+    flag = tmp_path / "fail"
+    smi = RblnSmi(tool(tmp_path, f'[ -e {flag} ] && sleep 5; echo \'{{"devices": []}}\''), list_timeout=0.3)
+    usage = SmiUsage()
+    counted = smi.counted(usage)
+    counted.groups()
+    smi.groups()  # the tool it was counted from stays uncounted
+    assert usage.calls == 1 and 0 < usage.seconds < 0.3
+    flag.touch()
+    with pytest.raises(RblnSmiError, match="timed out"):
+        counted.groups()
+    assert usage.calls == 2 and usage.seconds >= 0.3
 
 
 def test_commands_are_built_as_the_contract_says(tmp_path):

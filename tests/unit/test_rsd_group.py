@@ -108,7 +108,12 @@ def test_recreate_moves_devices_into_a_fresh_group_under_the_lock(node):
     first = groups.recreate(records(node, "rbln0", "rbln1"))
     second = groups.recreate(records(node, "rbln2"))
     again = groups.recreate(records(node, "rbln1"))  # takes rbln1 out of the first group by destroying it
-    assert (first, second) == (1, 2) and again == 1
+    assert [(c.group_id, c.replaced) for c in (first, second, again)] == [(1, ()), (2, ()), (1, (1,))]
+    # List and create; list, destroy and create when a group must go: never the original's second listing.
+    assert [c.smi.calls for c in (first, second, again)] == [2, 2, 3]
+    assert [call["command"] for call in node.smi_calls()][-3:] == ["groups", "destroy", "create"]
+    recorded = sum(call["end"] - call["start"] for call in node.smi_calls()[-3:])
+    assert again.smi.seconds >= recorded, "the plugin's count includes the tool's whole run"
     assert node.rsd_groups() == {0: [0], 1: [1], 2: [2]}
     assert node.lock_violations() == []
     assert lock_is_free(node.lock_file)
@@ -173,6 +178,9 @@ class _ListingSmi:
         self.listing = SmiListing(tuple(devices), ())
         self.changes: list[tuple] = []
 
+    def counted(self, usage):
+        return self
+
     def groups(self):
         return self.listing
 
@@ -189,7 +197,7 @@ def test_group_changes_are_handed_the_lock_and_the_default_group_is_never_destro
               SmiDevice("rbln2", 2, "RBLN-CA25", "s", "0000:05:00.0", "0", 1)]
     smi = _ListingSmi(listed)
     wanted = [record("rbln0", bus_id="0000:03:00.0"), record("rbln1", bus_id="0000:04:00.0")]
-    assert RsdGroups(smi, tmp_path / "rsd.lock").recreate(wanted) == 2  # 1 is still rbln2's
+    assert RsdGroups(smi, tmp_path / "rsd.lock").recreate(wanted).group_id == 2  # 1 is still rbln2's
     assert smi.changes == [("destroy", [3], True), ("create", 2, [0, "1"], True)]
 
 
