@@ -24,7 +24,7 @@ def load_deploy_module(name: str) -> ModuleType:
     return module
 
 
-def pyproject_version() -> str:
-    match = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert match, "pyproject.toml has no version"
+def project_version() -> str:
+    match = re.search(r'^VERSION\s*=\s*"([^"]+)"', (ROOT / "shared" / "version.py").read_text(), re.M)
+    assert match, "shared/version.py has no VERSION"
     return match[1]

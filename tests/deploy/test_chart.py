@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.deploy import ROOT, load_deploy_module, pyproject_version
+from tests.deploy import ROOT, load_deploy_module, project_version
 
 CHART = ROOT / "deploy" / "helm" / "k8s-device-plugin-chart"
 CI_VALUES = sorted((ROOT / "deploy" / "helm" / "ci-values").glob("*.yaml"))
@@ -185,7 +185,7 @@ def test_privileged_container_running_the_image_entrypoint():
 def test_image_defaults_to_the_chart_app_version_which_is_the_project_version():
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2" and chart["name"] == "k8s-device-plugin-chart"
-    assert chart["appVersion"] == pyproject_version()
+    assert chart["appVersion"] == project_version()
     container = plugin_container()
     assert container["image"] == f"rebellions/k8s-device-plugin:{chart['appVersion']}"
     assert container["imagePullPolicy"] == "IfNotPresent"

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.deploy import ROOT, load_deploy_module, pyproject_version
+from tests.deploy import ROOT, load_deploy_module, project_version
 
 image_context = load_deploy_module("image_context")
 instructions = image_context.instructions
@@ -52,7 +52,7 @@ def test_oci_labels():
 
 
 def test_version_argument_defaults_to_the_project_version():
-    assert ("ARG", f"VERSION={pyproject_version()}") in instructions()
+    assert ("ARG", f"VERSION={project_version()}") in instructions()
 
 
 @pytest.mark.parametrize(("path", "excluded"), [
@@ -102,7 +102,7 @@ def test_makefile_builds_with_the_repository_root_as_context_and_pushes_on_reque
 def test_makefile_does_not_push_by_default_and_tags_the_project_version():
     out = _make("build")
     assert "push" not in out
-    assert f"--tag rebellions/k8s-device-plugin:{pyproject_version()}" in out
+    assert f"--tag rebellions/k8s-device-plugin:{project_version()}" in out
 
 
 def test_makefile_labels_only_the_source_and_revision_it_is_given():
