@@ -7,14 +7,14 @@ import enum
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 from loguru import logger
 
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts
-from resource_worker.plugin_server import PluginServer, remove_stale_sockets
-from resource_worker.registration import Registration, RegistrationError
+from resource_worker.plugin_socket import remove_stale_sockets
 from resource_worker.rsd_group import RsdGroups
 from resource_worker.subscriber import InventorySubscriber
 from resource_worker.tracing import AllocationTracer, setup_tracing
@@ -26,6 +26,10 @@ from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
 from shared.status import read_status
 from shared.version import VERSION
+
+if TYPE_CHECKING:
+    from resource_worker.plugin_server import PluginServer
+    from resource_worker.registration import Registration
 
 # Checked this often even when nothing signals: the socket may vanish silently.
 _IDLE_CHECK_SECONDS = 1.0
@@ -128,8 +132,7 @@ class Worker:
                            resourceName=self._resource.value, endpoint=self._server.socket_name)
             self._stop_serving()
         if self._server is None:
-            self._server = PluginServer(self.table, self._allocator, self._settings.kubelet_device_plugin_path,
-                                        self.wake, self._tracer)
+            self._server = self._new_server()
             self._server.serve()
         if self._phase is Phase.REGISTERED and self._server.streams.take_dropped():
             logger.warning("Kubelet ended the device list stream; registering again",
@@ -140,6 +143,14 @@ class Worker:
         if self._phase is Phase.UNREGISTERED:
             return self._register()
         return _IDLE_CHECK_SECONDS
+
+    def _new_server(self) -> PluginServer:
+        # Imported here: gRPC, the API and placement cost a process about 15 MB, which a worker
+        # whose resource the node does not have (most nodes have one of the three) never pays.
+        from resource_worker.plugin_server import PluginServer
+
+        return PluginServer(self.table, self._allocator, self._settings.kubelet_device_plugin_path, self.wake,
+                            self._tracer)
 
     def _register(self) -> float:
         assert self._server is not None
@@ -158,6 +169,8 @@ class Worker:
         assert self._server is not None and self._registration is not None
         if not self._registration.done():
             return _IDLE_CHECK_SECONDS
+        from resource_worker.registration import RegistrationError  # loaded with the server
+
         registration, self._registration = self._registration, None
         try:
             registration.result()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
-import secrets
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -21,43 +19,16 @@ from loguru import logger
 
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
+from resource_worker.plugin_socket import new_socket_name
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker
 from resource_worker.tracing import AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2_grpc
-from shared.resources import Resource
 
-SOCKET_PREFIX = "rbln-device-plugin-"
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
 SERVER_THREADS = 16
 STOP_GRACE = 1.0
-
-
-def socket_pattern(resource: Resource) -> re.Pattern[str]:
-    # pid and a random tag: never a prefix of another resource's name (npu vs npu-vf4).
-    return re.compile(rf"^{re.escape(SOCKET_PREFIX + resource.slug)}-[0-9]+-[0-9a-f]{{8}}\.sock$")
-
-
-def new_socket_name(resource: Resource) -> str:
-    return f"{SOCKET_PREFIX}{resource.slug}-{os.getpid()}-{secrets.token_hex(4)}.sock"
-
-
-def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[str]:
-    pattern = socket_pattern(resource)
-    removed = []
-    try:
-        entries = list(plugin_dir.iterdir())
-    except OSError:
-        return removed
-    for path in entries:
-        if pattern.match(path.name):
-            try:
-                path.unlink()
-                removed.append(path.name)
-            except OSError:
-                pass
-    return removed
 
 
 class PluginServer:

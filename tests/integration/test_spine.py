@@ -1,8 +1,11 @@
 """The whole path, node -> scanner -> ZeroMQ -> workers -> kubelet, on simulated nodes."""
 
+import time
+
 import grpc
 import pytest
 
+from shared import runtime_status
 from shared.resources import Resource
 
 NPU, VF1, VF4 = (r.value for r in Resource)
@@ -28,6 +31,23 @@ def test_pf_only_node_registers_npu_only(make_node, kubelet, start_stack):
     assert request.version == "v1beta1" and request.options == view.options
     assert request.endpoint.startswith("rbln-device-plugin-rebellions-ai-npu-") and request.endpoint.endswith(".sock")
     stack.wait_for_record("Device exposed", device="rbln2", health=HEALTHY, status="READY")
+    # Only the served resource's worker loads gRPC: the others stay small while the node lacks their devices.
+    assert {process: "cygrpc" in loaded_libraries(node, process) for process in WORKERS} == {
+        "worker-npu": True, "worker-npu-vf1": False, "worker-npu-vf4": False}
+
+
+WORKERS = [r.process_name for r in Resource]
+
+
+def loaded_libraries(node, process: str, timeout: float = 20.0) -> str:
+    """The file names mapped into `process` (its pid from the status file it writes once it runs)."""
+    deadline = time.monotonic() + timeout
+    while (status := runtime_status.read_status(node.run_dir, process)) is None:
+        assert time.monotonic() < deadline, f"{process} wrote no status file within {timeout}s"
+        time.sleep(0.05)
+    pid = status["pid"]
+    with open(f"/proc/{pid}/maps") as maps:
+        return "".join(line.rsplit("/", 1)[-1] for line in maps if "/" in line)
 
 
 @pytest.mark.parametrize("spec,resource,ids", [
