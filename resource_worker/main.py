@@ -31,8 +31,10 @@ if TYPE_CHECKING:
     from resource_worker.plugin_server import PluginServer
     from resource_worker.registration import Registration
 
-# Checked this often even when nothing signals: the socket may vanish silently.
+# How often a serving worker checks its socket even when nothing signals: it may vanish silently.
 _IDLE_CHECK_SECONDS = 1.0
+# A worker without devices has nothing to check: only an inventory or shutdown can give it work.
+_UNTIL_SIGNALLED = None
 _BACKOFF_START = 0.2
 _BACKOFF_MAX = 5.0
 
@@ -118,15 +120,16 @@ class Worker:
             runtime_status.write_status(self._settings.run_dir, self._resource.process_name, status)
             self._reported = status
 
-    def _step(self) -> float:
-        """Move one step towards the desired state; returns how long to wait before the next step."""
+    def _step(self) -> float | None:
+        """Move one step towards the desired state; returns how long to wait before the next step (None: until
+        something sets `_attention`)."""
         if not (self.table.synced and self.table.devices()):
             if self._server is not None:
                 self._stop_serving()
                 # A later instance for this resource starts with no health history.
                 self.table.forget_history()
                 logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
-            return _IDLE_CHECK_SECONDS
+            return _UNTIL_SIGNALLED
         if self._server is not None and not self._server.socket_exists:
             logger.warning("Device plugin socket was removed; serving on a new one",
                            resourceName=self._resource.value, endpoint=self._server.socket_name)

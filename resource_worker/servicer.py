@@ -28,8 +28,9 @@ _STATUS_CODES = {
     ErrorKind.RSD_GROUP_FAILED: grpc.StatusCode.INTERNAL,
     ErrorKind.DEVICE_NODE_MISSING: grpc.StatusCode.INTERNAL,
 }
-# How often an idle ListAndWatch stream wakes to notice that it must end.
-_STREAM_WAKE_SECONDS = 1.0
+# Every way a stream ends (the kubelet cancels, the server stops) wakes it at once; this is only a
+# safety net, long enough not to cost an idle worker anything.
+_STREAM_WAKE_SECONDS = 30.0
 _LOGGED_IDS = 64
 
 

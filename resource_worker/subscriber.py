@@ -1,6 +1,7 @@
 """The Clone-pattern client: keeps one resource's inventory in sync with the scanner.
 
-One thread owns both sockets. It subscribes first, then asks for a snapshot
+One thread owns both sockets. It sleeps in zmq poll until a message, the
+heartbeat timeout or stop() (a frame on an inproc pipe) wakes it. It subscribes first, then asks for a snapshot
 (updates queue in the SUB socket meanwhile), drops updates the snapshot
 already covers, and starts over on a sequence gap, a new scanner epoch or a
 missed heartbeat. While the scanner is away the last good state stays in force.
@@ -9,6 +10,7 @@ missed heartbeat. While the scanner is away the last good state stays in force.
 from __future__ import annotations
 
 import enum
+import itertools
 import pathlib
 import threading
 from collections.abc import Callable
@@ -19,8 +21,7 @@ from loguru import logger
 from shared import ipc
 from shared.resources import Resource
 
-
-_STOP_CHECK_MS = 200
+_stop_names = itertools.count()
 
 
 class SyncState(enum.Enum):
@@ -39,6 +40,9 @@ class InventorySubscriber:
         self._on_inventory = on_inventory
         self._timeout_ms = max(1, int(heartbeat_timeout * 1000))
         self._stop = threading.Event()
+        self._stop_endpoint = f"inproc://inventory-subscriber-stop-{next(_stop_names)}"
+        self._stop_pipe: zmq.Socket | None = None  # the sending end; owned by the thread that calls start()
+        self._stopped: zmq.Socket | None = None  # the receiving end; owned by the subscriber thread
         self._thread = threading.Thread(target=self._run, name="inventory-subscriber", daemon=True)
         self.state = SyncState.INITIAL
         self._epoch: str | None = None
@@ -46,11 +50,22 @@ class InventorySubscriber:
         self._stale_logged = False
 
     def start(self) -> None:
+        # Bound before the thread connects its end, so its connect attaches at once.
+        self._stop_pipe = self._context.socket(zmq.PAIR)
+        self._stop_pipe.bind(self._stop_endpoint)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._stop_pipe is None:
+            return
+        try:
+            self._stop_pipe.send(b"", zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the thread's end is not connected yet: it sees the event before it first waits
         self._thread.join(timeout=5)
+        self._stop_pipe.close(linger=0)
+        self._stop_pipe = None
 
     def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._context.socket(kind)
@@ -62,19 +77,27 @@ class InventorySubscriber:
         return sock
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            sub = self._socket(zmq.SUB, self._pub_endpoint)
-            snapshot = self._socket(zmq.DEALER, self._snapshot_endpoint)
-            try:
-                self._session(sub, snapshot)
-            except Exception:
-                # The thread must outlive anything a peer can send; start a new session.
-                logger.opt(exception=True).error("Inventory subscription failed; resyncing",
-                                                 resourceName=self._resource.value)
-            finally:
-                sub.close()
-                snapshot.close()
-            self.state = SyncState.INITIAL
+        self._stopped = self._context.socket(zmq.PAIR)
+        self._stopped.connect(self._stop_endpoint)
+        try:
+            while not self._stop.is_set():
+                self._run_session()
+        finally:
+            self._stopped.close(linger=0)
+
+    def _run_session(self) -> None:
+        sub = self._socket(zmq.SUB, self._pub_endpoint)
+        snapshot = self._socket(zmq.DEALER, self._snapshot_endpoint)
+        try:
+            self._session(sub, snapshot)
+        except Exception:
+            # The thread must outlive anything a peer can send; start a new session.
+            logger.opt(exception=True).warning("Inventory subscription failed; resyncing",
+                                               resourceName=self._resource.value)
+        finally:
+            sub.close()
+            snapshot.close()
+        self.state = SyncState.INITIAL
 
     def _session(self, sub: zmq.Socket, snapshot: zmq.Socket) -> None:
         """Sync once, then follow updates until a resync is needed or stop() is called."""
@@ -120,14 +143,12 @@ class InventorySubscriber:
         return False
 
     def _readable(self, sock: zmq.Socket) -> bool:
-        """Wait up to the heartbeat timeout for a message, in slices so that stop() is prompt."""
-        waited = 0
-        while waited < self._timeout_ms and not self._stop.is_set():
-            slice_ms = min(_STOP_CHECK_MS, self._timeout_ms - waited)
-            if sock.poll(slice_ms):
-                return True
-            waited += slice_ms
-        return False
+        """Wait up to the heartbeat timeout for a message on `sock`; False at the timeout or on stop()."""
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._stopped, zmq.POLLIN)
+        events = dict(poller.poll(self._timeout_ms))
+        return sock in events and self._stopped not in events
 
     def _decode(self, payload: bytes | None) -> ipc.InventoryMessage | None:
         try:

@@ -3,6 +3,8 @@
 import os
 import queue
 import stat
+import threading
+import time
 
 import pytest
 import zmq
@@ -86,6 +88,28 @@ def test_missed_heartbeat_resyncs_and_keeps_going(channel):
     assert received.get(timeout=5).seq == 1
     # No update for longer than the heartbeat timeout: the subscriber re-requests the snapshot.
     assert received.get(timeout=5).seq == 1
+
+
+def voluntary_switches(thread: threading.Thread) -> int:
+    with open(f"/proc/self/task/{thread.native_id}/status") as status:
+        return int(next(line for line in status if line.startswith("voluntary_ctxt_switches:")).split()[1])
+
+
+def test_stop_ends_a_subscriber_asleep_in_a_long_heartbeat_wait(channel, short_tmp):
+    """It waits in one poll (no periodic wake-ups), which the stop pipe interrupts."""
+    publisher, subscribe, received = channel
+    publisher.publish(message(seq=1))
+    subscriber = subscribe(timeout=3600)
+    assert received.get(timeout=5).seq == 1
+    (thread,) = [thread for thread in threading.enumerate() if thread.name == "inventory-subscriber"]
+    before = voluntary_switches(thread)
+    time.sleep(1.0)  # idle on purpose: what is measured is that nothing happens
+    assert voluntary_switches(thread) - before <= 1, "the subscriber woke up with nothing to do"
+    subscriber.stop()
+    assert "inventory-subscriber" not in [thread.name for thread in threading.enumerate()]
+    never_started = InventorySubscriber(zmq.Context.instance(), short_tmp, Resource.NPU, received.put,
+                                        heartbeat_timeout=1)
+    never_started.stop()  # nothing to end
 
 
 def test_malformed_updates_are_ignored_and_the_last_good_state_kept(channel):
