@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from shared.inventory import BUS_ID_PATTERN, DEVICE_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.ipc import MAX_DEVICES
-from shared.pci_path import resolve_pci_path
+from shared.pci_path import PciPaths
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
 from shared.resources import Resource
 from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov
@@ -78,6 +78,7 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
         return ScanResult(empty_inventories(), error=f"rbln-smi lists {len(listing.devices)} devices, "
                           f"more than the {MAX_DEVICES} a node can have", smi_seconds=smi_seconds)
 
+    pci_paths = PciPaths(sysfs_root)
     found: dict[Resource, list[DeviceRecord]] = {resource: [] for resource in Resource}
     excluded = [Exclusion("?", reason) for reason in listing.rejected]
     seen: set[str] = set()
@@ -101,7 +102,7 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
             sid=entry.sid,
             numa_node=numa_node(sysfs_root, entry.bus_id, entry.numa_node),
             parent_pf=role.parent_pf,
-            pci_path=resolve_pci_path(sysfs_root, entry.bus_id),
+            pci_path=pci_paths.resolve(entry.bus_id),
             status=read_status(sysfs_root, entry.device),
             observed_at_ns=observed_at_ns,
         ))

@@ -13,33 +13,61 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import stat
 
 from shared.inventory import BUS_ID_PATTERN
 
-_ROOT_SEGMENT = re.compile(r"^pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}$")
+_ROOT_SEGMENT = re.compile(r"pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}")
+
+
+class PciPaths:
+    """Reads devices' PCI paths under one sysfs root.
+
+    The root is resolved once (it may be reached through symlinks); each device then
+    costs three system calls, where resolving its link component by component took
+    about fifteen: the kernel's link is read and applied as text, and the result is
+    only accepted if it is a directory (not a link) and the very one the link leads to.
+    The kernel's links name the device's canonical path, so the text is that path; a
+    tree that routes them through symlinked bridges is not sysfs, and gains nothing but
+    the positions its own names claim.
+    """
+
+    def __init__(self, sysfs_root: pathlib.Path):
+        try:
+            real_root = os.path.realpath(sysfs_root, strict=True)
+        except (OSError, RecursionError):
+            real_root = None
+        self._devices = None if real_root is None else os.path.join(real_root, "devices")
+        self._links = None if real_root is None else os.path.realpath(os.path.join(real_root, "bus", "pci", "devices"))
+
+    def resolve(self, bus_id: str) -> tuple[str, ...] | None:
+        """Segments from the PCI root (`pci0000:00`) down to the device's own BDF, or None when untrusted."""
+        if self._devices is None or self._links is None:
+            return None
+        if not isinstance(bus_id, str) or not BUS_ID_PATTERN.fullmatch(bus_id):
+            return None
+        link = os.path.join(self._links, bus_id)
+        try:
+            target = os.path.normpath(os.path.join(self._links, os.readlink(link)))
+            found = os.lstat(target)
+            # The text must name the directory the kernel's own resolution reaches.
+            if not stat.S_ISDIR(found.st_mode) or not os.path.samestat(found, os.stat(link)):
+                return None
+        except (OSError, ValueError):
+            # A missing link, a directory in place of one, ELOOP; ValueError: a NUL in the target.
+            return None
+        if not target.startswith(self._devices + os.sep):
+            return None
+        segments = tuple(target[len(self._devices) + 1:].split(os.sep))
+        if len(segments) < 2 or not _ROOT_SEGMENT.fullmatch(segments[0]):
+            return None
+        if not all(BUS_ID_PATTERN.fullmatch(segment) for segment in segments[1:]):
+            return None
+        if segments[-1].lower() != bus_id.lower():
+            return None
+        return segments
 
 
 def resolve_pci_path(sysfs_root: pathlib.Path, bus_id: str) -> tuple[str, ...] | None:
-    """Segments from the PCI root (`pci0000:00`) down to the device's own BDF, or None when untrusted."""
-    if not isinstance(bus_id, str) or not BUS_ID_PATTERN.fullmatch(bus_id):
-        return None
-    link = sysfs_root / "bus" / "pci" / "devices" / bus_id
-    try:
-        # The root is resolved too, so a sysfs tree reached through a symlink
-        # (or a test tree under a symlinked temp dir) still compares equal.
-        devices = pathlib.PurePath(os.path.realpath(sysfs_root, strict=True)) / "devices"
-        target = pathlib.PurePath(os.path.realpath(link, strict=True))
-        if not os.path.isdir(target):
-            return None
-        segments = target.relative_to(devices).parts
-    except (OSError, ValueError, RecursionError):
-        # OSError covers a missing link and ELOOP; ValueError a target outside
-        # `devices`; RecursionError a pathologically long chain of links.
-        return None
-    if len(segments) < 2 or not _ROOT_SEGMENT.fullmatch(segments[0]):
-        return None
-    if not all(BUS_ID_PATTERN.fullmatch(segment) for segment in segments[1:]):
-        return None
-    if segments[-1].lower() != bus_id.lower():
-        return None
-    return segments
+    """One device's PCI path (see PciPaths, which a scan of many devices uses directly)."""
+    return PciPaths(sysfs_root).resolve(bus_id)

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from shared.pci_path import resolve_pci_path
+from shared.pci_path import PciPaths, resolve_pci_path
 
 DEVICE = "0000:03:00.0"
 GOOD = ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", DEVICE)
@@ -88,6 +88,30 @@ def test_path_escaping_through_dotdot_components(tmp_path):
     links.mkdir(parents=True)
     (links / DEVICE).symlink_to(f"../../../devices/../../pci0000:00/{DEVICE}")
     assert resolve_pci_path(tmp_path / "sys", DEVICE) is None
+
+
+def test_a_link_whose_text_names_another_directory_than_it_leads_to(tmp_path):
+    """`sub/..` cancels as text, but the kernel follows `sub` first and ends one level higher:
+    the device directory it reaches (outside sysfs) is not the one the text names (inside)."""
+    sysfs = tmp_path / "sys"
+    _device_dir(sysfs, *GOOD)
+    _device_dir(tmp_path, *GOOD)
+    links = sysfs / "bus" / "pci" / "devices"
+    deeper = sysfs / "x" / "y" / "z"
+    deeper.mkdir(parents=True)
+    links.mkdir(parents=True)
+    (links / "sub").symlink_to(deeper)
+    (links / DEVICE).symlink_to("sub/../../../../devices/" + "/".join(GOOD))
+    assert os.path.samefile(links / DEVICE, tmp_path.joinpath("devices", *GOOD))
+    assert resolve_pci_path(sysfs, DEVICE) is None
+
+
+def test_a_scan_resolves_many_devices_under_one_root(tmp_path):
+    other = ("pci0000:80", "0000:80:01.0", "0000:81:00.0")
+    _link(tmp_path, DEVICE, _device_dir(tmp_path, *GOOD))
+    _link(tmp_path, "0000:81:00.0", _device_dir(tmp_path, *other))
+    paths = PciPaths(tmp_path)
+    assert [paths.resolve(DEVICE), paths.resolve("0000:81:00.0"), paths.resolve("0000:82:00.0")] == [GOOD, other, None]
 
 
 @pytest.mark.parametrize("segments", [
