@@ -80,8 +80,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             ended.set()
             self._table.wake_all()
 
+        if not self._streams.try_open():
+            logger.warning("Refused device list stream; too many open", resourceName=self._resource,
+                           limit=self._streams.limit)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self._streams.limit} device list streams are open already for {self._resource}")
         context.add_callback(on_end)
-        self._streams.opened()
         try:
             sent = None
             while not ended.is_set() and not self._stopping.is_set():

@@ -1,4 +1,4 @@
-"""Counts the kubelet's open ListAndWatch streams and notices when it drops one."""
+"""Counts the kubelet's open ListAndWatch streams, bounds them, and notices when the kubelet drops one."""
 
 from __future__ import annotations
 
@@ -6,18 +6,29 @@ import threading
 from collections.abc import Callable
 
 
+# Each open stream holds one of the server's handler threads for its whole life. The kubelet keeps
+# one (two for a moment while it replaces it); the bound keeps a client that opens streams without
+# end from taking every thread and starving Allocate.
+MAX_OPEN_STREAMS = 4
+
+
 class StreamTracker:
-    def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_change: Callable[[], None] = lambda: None, limit: int = MAX_OPEN_STREAMS) -> None:
         self._on_change = on_change
+        self._limit = limit
         # Guards the two counters; notified on every change.
         self._changed = threading.Condition()
         self._open = 0
         self._dropped = 0
 
-    def opened(self) -> None:
+    def try_open(self) -> bool:
+        """Count a new stream, unless `limit` are open already (then False: the stream must be refused)."""
         with self._changed:
+            if self._open >= self._limit:
+                return False
             self._open += 1
             self._changed.notify_all()
+            return True
 
     def closed(self, by_kubelet: bool) -> None:
         with self._changed:
@@ -26,6 +37,10 @@ class StreamTracker:
                 self._dropped += 1
             self._changed.notify_all()
         self._on_change()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
 
     @property
     def open_streams(self) -> int:

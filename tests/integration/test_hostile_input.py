@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loguru import logger
 
+from resource_worker.streams import MAX_OPEN_STREAMS
 from resource_worker.subscriber import InventorySubscriber
 from scanner.publisher import InventoryPublisher
 from shared import ipc
@@ -320,6 +321,44 @@ def test_pre_start_container_accepts_anything_and_does_nothing(served, data):
             assert api_pb2.PreStartContainerRequest(devices_ids=ids).ByteSize() > GRPC_LIMIT
             return
     assert response == api_pb2.PreStartContainerResponse()
+
+
+def test_a_client_opening_streams_without_end_cannot_starve_allocate(served):
+    """Past the bound, a device list stream is refused with RESOURCE_EXHAUSTED; the handler threads the
+    open ones hold leave room for Allocate, and a closed stream frees its place."""
+    with grpc.insecure_channel(f"unix://{served.endpoint}") as channel:
+        open_streams, refused = [], []
+        for _ in range(4 * MAX_OPEN_STREAMS):
+            stream = api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty(), timeout=60)
+            try:
+                next(stream)
+                open_streams.append(stream)
+            except grpc.RpcError as exc:
+                refused.append(exc)
+        try:
+            # The kubelet's own stream is one of the bound.
+            assert len(open_streams) == MAX_OPEN_STREAMS - 1
+            assert {exc.code() for exc in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+            assert f"{MAX_OPEN_STREAMS} device list streams are open already for {NPU}" in refused[0].details()
+            assert_still_serving_and_contained(served)
+        finally:
+            for stream in open_streams:
+                stream.cancel()
+        wait_until(lambda: served.stack.find("Refused device list stream; too many open"), 10, "the refusal record")
+        stream = wait_until(lambda: _first_answer(channel), 10, "a stream to be accepted again")
+        stream.cancel()
+    refusal = served.stack.find("Refused device list stream; too many open")[0]
+    assert refusal["level"] == "warn" and refusal["limit"] == MAX_OPEN_STREAMS and refusal["resourceName"] == NPU
+
+
+def _first_answer(channel):
+    """A new stream that got its first device list, or None if it was refused."""
+    stream = api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty(), timeout=60)
+    try:
+        next(stream)
+        return stream
+    except grpc.RpcError:
+        return None
 
 
 def test_the_worker_still_serves_and_nothing_outside_its_places_was_touched(served):
