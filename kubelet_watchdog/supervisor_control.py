@@ -11,13 +11,14 @@ from typing import Any
 from supervisor import childutils
 from supervisor.xmlrpc import Faults
 
+from shared.config import SUPERVISOR_SOCKET
+
 # Longer than supervisor.conf's stopwaitsecs, after which supervisord kills a program that will not stop.
 STOP_TIMEOUT = 6.0
 # How often a restart asks whether the stopped programs are down. A quick question
 # also wakes supervisord's loop, so it reaps an exited program at once.
 _POLL_SECONDS = 0.02
 _STOPPED_STATES = frozenset({"STOPPED", "EXITED", "FATAL"})
-SUPERVISOR_SOCKET = "supervisor.sock"
 
 
 class SupervisorError(RuntimeError):

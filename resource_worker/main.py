@@ -14,7 +14,7 @@ from loguru import logger
 
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts
-from resource_worker.plugin_socket import remove_stale_sockets
+from shared.plugin_socket import remove_stale_sockets
 from resource_worker.rsd_group import RsdGroups
 from resource_worker.subscriber import InventorySubscriber
 from resource_worker.tracing import AllocationTracer, setup_tracing

@@ -19,7 +19,7 @@ from loguru import logger
 
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
-from resource_worker.plugin_socket import new_socket_name
+from shared.plugin_socket import new_socket_name
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker

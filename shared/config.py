@@ -15,7 +15,14 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shared import ipc
 from shared.durations import format_duration, parse_duration
+from shared.plugin_socket import longest_socket_name
+
+# supervisord's control socket in the run dir (supervisor.conf names it too).
+SUPERVISOR_SOCKET = "supervisor.sock"
+# A unix socket's path must fit sun_path (108 bytes) with its terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
 
 
 class ConfigError(ValueError):
@@ -113,6 +120,9 @@ class Settings:
                 values[option.field] = option.parse(text)
             except ValueError as exc:
                 raise ConfigError(f"invalid {option.env} {text!r}: {exc}") from None
+        _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
+        _check_socket_room(values["run_dir"], max((ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET),
+                                                  key=len), "RBLN_DEVICE_PLUGIN_RUN_DIR")
         if not values["node_name"]:
             values["node_name"] = socket.gethostname()
         return cls(**values)
@@ -137,6 +147,16 @@ class Settings:
             "logDir": str(self.log_dir) if self.log_dir else "",
             "nodeName": self.node_name,
         }
+
+
+def _check_socket_room(directory: pathlib.Path, longest_name: str, env: str) -> None:
+    """ConfigError unless every socket the stack makes in `directory` has a path a unix socket can have:
+    a longer one fails only when it is made, in a process that then restarts without end."""
+    length = len(os.fsencode(directory / longest_name))
+    if length > MAX_SOCKET_PATH_BYTES:
+        raise ConfigError(f"invalid {env} {str(directory)!r}: too long for the sockets made in it "
+                          f"({length} bytes for {longest_name}; a unix socket path has at most "
+                          f"{MAX_SOCKET_PATH_BYTES})")
 
 
 def ensure_private_dir(path: pathlib.Path) -> None:

@@ -48,9 +48,13 @@ class InventoryMessage:
     discovery_error: str | None = None
 
 
+UPDATES_SOCKET = "inventory-updates.ipc"
+SNAPSHOT_SOCKET = "inventory-snapshot.ipc"
+
+
 def endpoints(run_dir: pathlib.Path) -> tuple[str, str]:
     """(updates PUB endpoint, snapshot ROUTER endpoint) inside the private run dir."""
-    return f"ipc://{run_dir / 'inventory-updates.ipc'}", f"ipc://{run_dir / 'inventory-snapshot.ipc'}"
+    return f"ipc://{run_dir / UPDATES_SOCKET}", f"ipc://{run_dir / SNAPSHOT_SOCKET}"
 
 
 def restrict_endpoint(endpoint: str) -> None:

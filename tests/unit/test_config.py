@@ -3,6 +3,8 @@ import pathlib
 import pytest
 
 from shared.config import ConfigError, Settings
+from shared.plugin_socket import longest_socket_name, new_socket_name
+from shared.resources import Resource
 from shared.durations import format_duration, parse_duration
 
 
@@ -58,9 +60,19 @@ def test_environment_overrides_and_empty_values():
     ("HEALTHCHECK_PORT", "http", "not an integer"),
     ("HEALTHCHECK_PORT", "70000", "above 65535"),
     ("SYSFS_ROOT", "", "must not be empty"),
+    # A plugin socket name is 54 bytes: with the slash, a 53-byte directory is one too many.
+    ("KUBELET_DEVICE_PLUGIN_PATH", "/" + "k" * 52, "108 bytes for rbln-device-plugin-rebellions-ai-npu-vf"),
+    ("RBLN_DEVICE_PLUGIN_RUN_DIR", "/" + "r" * 84, "inventory-snapshot.ipc; a unix socket path has at most 107"),
 ])
 def test_bad_settings_name_the_variable(env, value, fragment):
     with pytest.raises(ConfigError) as caught:
         Settings.from_environ({env: value})
     message = str(caught.value)
     assert env in message and fragment in message and "\n" not in message
+
+
+def test_socket_directories_up_to_the_unix_limit_are_accepted():
+    settings = Settings.from_environ({"KUBELET_DEVICE_PLUGIN_PATH": "/" + "k" * 51,
+                                      "RBLN_DEVICE_PLUGIN_RUN_DIR": "/" + "r" * 83})
+    assert len(str(settings.kubelet_device_plugin_path / longest_socket_name())) == 107
+    assert len(new_socket_name(Resource.NPU_VF4)) == len(longest_socket_name())

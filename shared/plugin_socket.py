@@ -2,12 +2,11 @@
 
 Kept apart from the gRPC server: a worker clears its predecessors' sockets at
 start-up, before it knows whether its resource has devices (and so whether it
-needs gRPC at all).
+needs gRPC at all), and the configuration checks that the longest name fits.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import secrets
@@ -15,15 +14,26 @@ import secrets
 from shared.resources import Resource
 
 SOCKET_PREFIX = "rbln-device-plugin-"
+_TAG_BYTES = 4
 
 
 def socket_pattern(resource: Resource) -> re.Pattern[str]:
-    # pid and a random tag: never a prefix of another resource's name (npu vs npu-vf4).
-    return re.compile(rf"^{re.escape(SOCKET_PREFIX + resource.slug)}-[0-9]+-[0-9a-f]{{8}}\.sock$")
+    # The whole name: the npu pattern must not match npu-vf4's sockets.
+    return re.compile(rf"{re.escape(SOCKET_PREFIX + resource.slug)}-[0-9a-f]{{{2 * _TAG_BYTES}}}\.sock")
 
 
 def new_socket_name(resource: Resource) -> str:
-    return f"{SOCKET_PREFIX}{resource.slug}-{os.getpid()}-{secrets.token_hex(4)}.sock"
+    """A name no earlier instance had: the kubelet tells instances apart by their socket path. Short,
+    because the kubelet's directory and the name must fit a unix socket path together."""
+    return _socket_name(resource, secrets.token_hex(_TAG_BYTES))
+
+
+def longest_socket_name() -> str:
+    return max((_socket_name(resource, "f" * 2 * _TAG_BYTES) for resource in Resource), key=len)
+
+
+def _socket_name(resource: Resource, tag: str) -> str:
+    return f"{SOCKET_PREFIX}{resource.slug}-{tag}.sock"
 
 
 def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[str]:
@@ -35,7 +45,7 @@ def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[s
     except OSError:
         return removed
     for path in entries:
-        if pattern.match(path.name):
+        if pattern.fullmatch(path.name):
             try:
                 path.unlink()
                 removed.append(path.name)
