@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"rbln-device-plugin run: cannot create RBLN_DEVICE_PLUGIN_RUN_DIR {settings.run_dir}: {exc}",
               file=sys.stderr)
         raise SystemExit(2) from None
+    # Temporary files (supervisord makes one at start-up to find a writable temp dir) stay in the
+    # private run dir rather than a /tmp shared with whatever else the node runs.
+    environ.setdefault("TMPDIR", str(settings.run_dir))
     argv = supervisord_argv(supervisor_conf())
     sys.stdout.flush()
     sys.stderr.flush()
