@@ -7,7 +7,7 @@ import pathlib
 import time
 from collections.abc import Callable
 
-from shared.inventory import BUS_ID_PATTERN, DEVICE_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.ipc import MAX_DEVICES
 from shared.pci_path import PciPaths
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
@@ -50,8 +50,7 @@ def resource_for(role: SriovRole) -> Resource | None:
 
 def _classify(smi: SmiDevice, sysfs_root: pathlib.Path) -> tuple[Resource | None, SriovRole | None, str | None]:
     """(resource, role, exclusion reason) of one listed device."""
-    # fullmatch as well: the pattern's `$` also matches before a trailing newline.
-    if not (is_valid_device_id(smi.device) and DEVICE_ID_PATTERN.fullmatch(smi.device)):
+    if not is_valid_device_id(smi.device):
         return None, None, f"device name {smi.device[:80]!r} is not a valid device ID"
     if not BUS_ID_PATTERN.fullmatch(smi.bus_id):
         return None, None, f"PCI address {smi.bus_id[:80]!r} is malformed"

@@ -8,13 +8,14 @@ import re
 from shared.status import StatusReading
 
 # Device IDs reach file paths (/dev/<id>, sysfs) and the kubelet (at most 63
-# characters); only plain names are accepted from rbln-smi.
-DEVICE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-BUS_ID_PATTERN = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+# characters); only plain names are accepted from rbln-smi. Both patterns are for fullmatch:
+# with `match` and `$`, a name with a trailing newline would pass.
+DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+BUS_ID_PATTERN = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
 def is_valid_device_id(device_id: str) -> bool:
-    return bool(DEVICE_ID_PATTERN.match(device_id)) and device_id not in (".", "..")
+    return bool(DEVICE_ID_PATTERN.fullmatch(device_id)) and device_id not in (".", "..")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from shared.inventory import BUS_ID_PATTERN, DEVICE_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.resources import Resource
 from shared.status import StatusReading
 
@@ -109,7 +109,7 @@ def _device_from_wire(raw: Any) -> DeviceRecord:
     _expect(raw, dict, "device")
     device_id = _expect(raw.get("id"), str, "device id")
     # fullmatch as well: the pattern's `$` also matches before a trailing newline.
-    if not (is_valid_device_id(device_id) and DEVICE_ID_PATTERN.fullmatch(device_id)):
+    if not is_valid_device_id(device_id):
         raise ProtocolError(f"device id {device_id[:80]!r} is not valid")
     bus_id = _expect(raw.get("bus"), str, f"{device_id} bus")
     parent = _optional(raw.get("parent"), str, f"{device_id} parent")

@@ -2,7 +2,7 @@ import msgpack
 import pytest
 
 from shared import ipc
-from shared.inventory import DeviceRecord
+from shared.inventory import DeviceRecord, is_valid_device_id
 from shared.resources import Resource
 from shared.status import StatusReading
 
@@ -54,3 +54,11 @@ def test_malformed_messages_are_rejected_with_a_reason(payload, fragment):
 def test_duplicate_device_ids_are_rejected():
     with pytest.raises(ipc.ProtocolError, match="twice"):
         ipc.decode(ipc.encode(message(devices=(record(), record()))))
+
+
+@pytest.mark.parametrize("device_id,valid", [
+    ("rbln0", True), ("rbln0-1", True), ("a" * 63, True), ("rbln0\n", False), ("a" * 64, False),
+    (".", False), ("..", False), ("-rbln0", False), ("rbln/0", False), ("", False),
+])
+def test_device_ids_are_checked_in_full(device_id, valid):
+    assert is_valid_device_id(device_id) is valid
