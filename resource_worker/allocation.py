@@ -93,6 +93,20 @@ def _dedupe(ids: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def _refuse_partial_overlaps(containers: Sequence[Sequence[str]]) -> None:
+    """A device can be in one RSD group only: two containers may name it only with the very same devices
+    (they then share one group), else the second group would take it from the first container's."""
+    first_set: dict[str, tuple[int, frozenset[str]]] = {}
+    for index, ids in enumerate(containers):
+        devices = frozenset(ids)
+        for device_id in ids:
+            earlier, earlier_devices = first_set.setdefault(device_id, (index, devices))
+            if earlier_devices != devices:
+                raise AllocationError(ErrorKind.INVALID_REQUEST,
+                                      f"device {_shown(device_id)} is requested by containers {earlier} and {index} "
+                                      f"with different devices; an RSD group holds each device once", [device_id])
+
+
 class Allocator:
     def __init__(self, table: DeviceTable, rsd_groups: RsdGroups, dev_root: pathlib.Path,
                  read_status: Callable[[str], StatusReading], node_timeout: float = DEVICE_NODE_TIMEOUT):
@@ -112,6 +126,7 @@ class Allocator:
             if not ids:
                 raise AllocationError(ErrorKind.INVALID_REQUEST, f"container request {index} names no device")
             wanted.append(_dedupe(ids))
+        _refuse_partial_overlaps(wanted)
         distinct = _dedupe([device_id for ids in wanted for device_id in ids])
         known = self._table.lookup(distinct)
         unknown = [device_id for device_id, device in known.items() if device is None]

@@ -136,7 +136,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 except AllocationError as exc:
                     trace.refused([_logged(ids) for ids in requested], exc)
                     raise
-                responses = [self._allocate_container(trace, devices) for devices in containers]
+                # Containers naming the same devices share their group: a second change would destroy it.
+                made: dict[frozenset[str], ContainerAllocation] = {}
+                responses = [self._allocate_container(trace, devices, made) for devices in containers]
         except AllocationError as exc:
             logger.error("Container allocation failed", resourceName=self._resource,
                          deviceIDs=exc.device_ids[:_LOGGED_IDS] or all_ids, err=str(exc), durationMs=_ms(started))
@@ -148,23 +150,25 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"internal error allocating {', '.join(all_ids)}: {exc}")
         return api_pb2.AllocateResponse(container_responses=responses)
 
-    def _allocate_container(self, trace: AllocateTrace,
-                            devices: Sequence[Advertised]) -> api_pb2.ContainerAllocateResponse:
+    def _allocate_container(self, trace: AllocateTrace, devices: Sequence[Advertised],
+                            made: dict[frozenset[str], ContainerAllocation]) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         ids = [d.device_id for d in devices]
         bus_ids = sorted(d.record.bus_id for d in devices)
         logger.info("Starting container allocation", resourceName=self._resource, deviceIDs=ids, busIDs=bus_ids)
+        smi_calls, smi_ms = 0, 0.0
         with trace.container(ids, bus_ids) as span:
-            allocation = self._allocator.allocate_container(devices)
+            allocation = made.get(frozenset(ids))
+            if allocation is None:
+                allocation = made[frozenset(ids)] = self._allocator.allocate_container(devices)
+                smi_calls, smi_ms = allocation.group.smi.calls, round(allocation.group.smi.seconds * 1000, 3)
+                logger.debug("Recreated RSD group", resourceName=self._resource, busIDs=allocation.bus_ids,
+                             rsdGroup=allocation.rsd_host_path, replacedGroups=list(allocation.group.replaced),
+                             smiCalls=smi_calls, smiMs=smi_ms)
             span.rsd_group(allocation.rsd_host_path)
-        smi = allocation.group.smi
-        smi_ms = round(smi.seconds * 1000, 3)
-        logger.debug("Recreated RSD group", resourceName=self._resource, busIDs=allocation.bus_ids,
-                     rsdGroup=allocation.rsd_host_path, replacedGroups=list(allocation.group.replaced),
-                     smiCalls=smi.calls, smiMs=smi_ms)
         logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=allocation.device_ids,
                     busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started),
-                    smiCalls=smi.calls, smiMs=smi_ms)
+                    smiCalls=smi_calls, smiMs=smi_ms)
         return container_response(allocation)
 
     def PreStartContainer(self, request, context):

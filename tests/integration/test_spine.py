@@ -115,6 +115,26 @@ def test_allocating_the_same_ids_again_leaves_one_group(make_node, kubelet, star
     assert first == second  # the freed id is the smallest free one again
 
 
+def test_containers_naming_the_same_devices_share_a_group_and_partial_overlaps_are_refused(make_node, kubelet,
+                                                                                          start_stack):
+    node = make_node("3")
+    start_stack(node)
+    kubelet.wait_for_devices(NPU, all_healthy(["rbln0", "rbln1", "rbln2"]), timeout=30)
+    changes_before = len([c for c in node.smi_calls() if c["command"] == "create"])
+    response = kubelet.allocate(NPU, [["rbln0", "rbln1"], ["rbln2"], ["rbln1", "rbln0"]])
+    first, other, same = ([d.host_path for d in c.devices] for c in response.container_responses)
+    assert first == same and first[0] != other[0]
+    assert {gid: sorted(npus) for gid, npus in node.rsd_groups().items() if gid != 0} == {
+        int(first[0].removeprefix("/dev/rsd")): [0, 1], int(other[0].removeprefix("/dev/rsd")): [2]}
+    assert len([c for c in node.smi_calls() if c["command"] == "create"]) == changes_before + 2
+    groups = node.rsd_groups()
+    with pytest.raises(grpc.RpcError) as overlap:
+        kubelet.allocate(NPU, [["rbln0", "rbln1"], ["rbln1"]])
+    assert overlap.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "'rbln1' is requested by containers 0 and 1 with different devices" in overlap.value.details()
+    assert node.rsd_groups() == groups
+
+
 def test_allocate_rejects_unknown_and_empty_requests_and_keeps_serving(make_node, kubelet, start_stack):
     node = make_node("1")
     stack = start_stack(node)

@@ -136,3 +136,23 @@ def test_validate_answers_any_request_with_devices_or_a_short_error_naming_the_c
     known = {"rbln0", "rbln1"}
     assert [[d.device_id for d in devices] for devices in containers] == [list(dict.fromkeys(ids)) for ids in requests]
     assert all(set(ids) <= known for ids in requests) and all(requests)
+
+
+def test_containers_overlapping_in_part_are_refused_before_any_read(tmp_path):
+    reads = []
+
+    class RecordedReads(dict):
+        def get(self, device_id, default=None):
+            reads.append(device_id)
+            return super().get(device_id, default)
+
+    allocator, fake = make_allocator(tmp_path, statuses=RecordedReads(rbln0=READY))
+    with pytest.raises(AllocationError) as refused:
+        allocator.validate([["rbln0"], ["rbln1", "rbln2"], ["rbln2"]])
+    assert refused.value.kind is ErrorKind.INVALID_REQUEST and refused.value.device_ids == ["rbln2"]
+    assert str(refused.value) == ("device 'rbln2' is requested by containers 1 and 2 with different devices; "
+                                  "an RSD group holds each device once")
+    assert reads == [] and fake.calls == []
+    same = allocator.validate([["rbln1", "rbln0"], ["rbln0", "rbln1", "rbln0"]])
+    assert [[d.device_id for d in devices] for devices in same] == [["rbln1", "rbln0"], ["rbln0", "rbln1"]]
+    assert sorted(reads) == ["rbln0", "rbln1"]

@@ -291,10 +291,9 @@ def allocator(table, tmp_path):
 def test_allocate_reads_each_distinct_requested_device_once(scans, allocator):
     scans.apply(100, rbln0=READY, rbln1=READY, rbln2=READY)
     checker, read = allocator(rbln0=READY, rbln1=READY, rbln2=READY)
-    containers = checker.validate([["rbln1", "rbln0", "rbln1"], ["rbln0"], ["rbln0", "rbln1"]])
+    containers = checker.validate([["rbln1", "rbln0", "rbln1"], ["rbln0", "rbln1"]])
     assert sorted(read.reads) == ["rbln0", "rbln1"]  # once each; rbln2 was not requested, so not read
-    assert [[d.device_id for d in devices] for devices in containers] == [["rbln1", "rbln0"], ["rbln0"],
-                                                                          ["rbln0", "rbln1"]]
+    assert [[d.device_id for d in devices] for devices in containers] == [["rbln1", "rbln0"], ["rbln0", "rbln1"]]
 
 
 def test_allocate_rejects_every_device_unhealthy_now_and_names_its_status(scans, clock, allocator):
@@ -302,7 +301,7 @@ def test_allocate_rejects_every_device_unhealthy_now_and_names_its_status(scans,
     clock.now = 300
     checker, read = allocator(rbln0=READY, rbln1=FAULT, rbln2=UNREADABLE)
     with pytest.raises(AllocationError) as rejected:
-        checker.validate([["rbln0", "rbln1"], ["rbln2", "rbln1"]])
+        checker.validate([["rbln0", "rbln1"], ["rbln1", "rbln0"], ["rbln2"]])
     assert rejected.value.kind is ErrorKind.UNHEALTHY_DEVICE
     assert rejected.value.device_ids == ["rbln1", "rbln2"]
     message_text = str(rejected.value)
