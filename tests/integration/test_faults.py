@@ -145,7 +145,8 @@ def test_rbln_smi_faults_and_a_missing_device_node_fail_allocate_in_bounded_time
         assert failed.details().startswith("RSD group for rbln0 failed: ") and fragment in failed.details()
         node.set_smi_fault(None)
         assert non_default_groups(node) == {}
-    assert len(stack.find("Container allocation failed", resourceName=NPU)) == 5
+    # stdout lags behind the gRPC answers: wait for the records, then check there are no more.
+    assert len(stack.wait_for_record("Container allocation failed", count=5, resourceName=NPU)) == 5
 
     (node.dev_root / "rbln1").unlink()
     changes = len(group_changes(node))

@@ -12,6 +12,7 @@ the stack must have kept its reads and writes to the places the contract gives i
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -234,7 +235,7 @@ def test_allocate_answers_every_request_with_devices_or_a_clear_bounded_error(se
         assert len(details) <= MAX_DETAILS_CHARS
         flat = [i for ids in requests for i in ids]
         if code is grpc.StatusCode.INVALID_ARGUMENT:
-            assert not requests or not all(requests)
+            assert not requests or not all(requests) or overlap_in_part(requests)
         elif code is grpc.StatusCode.NOT_FOUND:
             unknown = next(i for i in flat if i not in ("rbln0", "rbln1", "rbln2"))
             assert refusal_names_the_device(details, unknown) and "not a device of rebellions.ai/npu" in details
@@ -243,10 +244,20 @@ def test_allocate_answers_every_request_with_devices_or_a_clear_bounded_error(se
             assert "rbln2" in flat and details == "cannot allocate unhealthy devices: rbln2 is Unhealthy (FAULT)"
         return
     assert requests and all(set(ids) <= {"rbln0", "rbln1"} for ids in requests) and all(requests)
+    assert not overlap_in_part(requests)
+    groups: dict[frozenset[str], str] = {}
     for ids, container in zip(requests, response.container_responses, strict=True):
         paths = [(d.container_path, d.host_path) for d in container.devices]
         assert paths[0][0] == "/dev/rsd0" and paths[0][1].startswith("/dev/rsd")
         assert paths[1:] == [(f"/dev/{i}", f"/dev/{i}") for i in sorted(set(ids))]
+        assert groups.setdefault(frozenset(ids), paths[0][1]) == paths[0][1], "the same devices share a group"
+    assert len(set(groups.values())) == len(groups), "different devices have different groups"
+
+
+def overlap_in_part(requests) -> bool:
+    """Whether two containers name a common device with different device sets."""
+    sets = [frozenset(ids) for ids in requests]
+    return any(a != b and a & b for a, b in itertools.combinations(sets, 2))
 
 
 @FUZZ
