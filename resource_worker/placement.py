@@ -18,11 +18,17 @@ for NUMA, cards and roots, a bound on the tree distances of any completion,
 and the smallest IDs still possible. A first walk follows the bounds to a
 good selection; the second prunes against it. Look-alike classes are kept in
 ID order so that equivalent selections are not all visited.
+
+The kubelet asks about the same pool of devices until some are allocated, so
+the tables built from a pool serve the next requests for it; within a search,
+the distance bound of a root is shared by the nodes that agree on that root.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
@@ -37,6 +43,9 @@ _EXACT_ROOTS = 5
 # still grow, a level's pair bound is exact.
 _EXACT_NODES = 3
 _INFEASIBLE = float("inf")
+# The kubelet offers the same devices again until some are allocated or
+# change: the search's tables for the last few pools are kept.
+_CACHED_POOLS = 8
 # Score components: unknown NUMA, NUMA nodes, cards, unreadable paths,
 # cross-root pairs, max distance, distance sum, sorted IDs.
 _COMPONENTS = 8
@@ -87,8 +96,14 @@ def preferred_allocation(candidates: Mapping[str, Candidate], available: Sequenc
     elif size == len(pool):
         chosen = set(pool)
     else:
-        chosen = _Search([candidates[i] for i in pool], set(mandatory), size).run()
+        chosen = _tables(tuple(candidates[i] for i in pool)).run(set(mandatory), size)
     return mandatory + sorted(chosen.difference(mandatory))
+
+
+@functools.lru_cache(maxsize=_CACHED_POOLS)
+def _tables(pool: tuple[Candidate, ...]) -> _Search:
+    """The search's tables for a pool, found again by value: the servicer builds new candidates per request."""
+    return _Search(pool)
 
 
 def _validate(candidates: Mapping[str, Candidate], available: Sequence[str],
@@ -231,15 +246,8 @@ class _Children:
 class _Search:
     """Branch and bound over how many devices each class contributes."""
 
-    def __init__(self, pool: list[Candidate], mandatory: set[str], size: int) -> None:
-        self.size = size
-        self.best: list | None = None
-        self.best_picks: list[tuple[int, int]] = []
-        self._build(pool, mandatory)
-
-    # -- preparation -----------------------------------------------------
-
-    def _build(self, pool: list[Candidate], mandatory: set[str]) -> None:
+    def __init__(self, pool: tuple[Candidate, ...]) -> None:
+        """The tables of one pool of devices, which every request for that pool shares."""
         card_sizes: dict[str, int] = {}
         subtree: dict[tuple[str, ...], int] = {}
         nearest: dict[tuple[str, ...], int] = {}   # depth of the shallowest device below a node
@@ -275,8 +283,7 @@ class _Search:
         card_bits = {n: 1 << i for i, n in enumerate(sorted({k[1] for k, _ in groups if k[1] is not None}))}
         root_index: dict[str, int] = {}
         node_index: dict[tuple[str, ...], int] = {}
-        self.mand_ids: list[tuple[str, ...]] = []
-        self.free_ids: list[tuple[str, ...]] = []
+        self.ids: list[tuple[str, ...]] = []
         self.first_id: list[str] = []
         self.numa_bit: list[int] = []   # 0: unknown NUMA
         self.card_bit: list[int] = []   # 0: a card per device
@@ -285,10 +292,8 @@ class _Search:
         self.intra: list[int] = []      # distance between two devices of the class
         self.anc: list[list[int]] = []  # tree nodes above every device of the class
         for (numa, card, (_, shared, intra)), devices in groups:
-            ids = [d.device_id for d in devices]
-            self.mand_ids.append(tuple(i for i in ids if i in mandatory))
-            self.free_ids.append(tuple(i for i in ids if i not in mandatory))
-            self.first_id.append(ids[0])
+            self.ids.append(tuple(d.device_id for d in devices))
+            self.first_id.append(devices[0].device_id)
             self.numa_bit.append(numa_bits.get(numa, 0))
             self.card_bit.append(card_bits.get(card, 0))
             path = devices[0].pci_path or ()
@@ -299,19 +304,17 @@ class _Search:
             self.anc.append([node_index.setdefault(shared[:i], len(node_index)) for i in range(1, len(shared) + 1)])
         n = len(groups)
         self.n_roots = len(root_index)
-        self.cap = [len(self.mand_ids[c]) + len(self.free_ids[c]) for c in range(n)]
-        self.mins = [len(self.mand_ids[c]) for c in range(n)]
+        self.cap = [len(ids) for ids in self.ids]
 
         # Two classes without mandatory devices, each alone on its cards (or on
         # none) and alone below sibling nodes of the same shape, swap without
         # changing components 1-4. When one's IDs all precede the other's, an
         # optimum gives the first at least as many devices: otherwise swapping
-        # their counts would give smaller IDs. Chains link such classes in ID order.
-        self.swap_prev = [-1] * n
-        self.swap_next = [-1] * n
+        # their counts would give smaller IDs. Chains hold such classes in ID
+        # order; each request links those without mandatory devices.
         chains: dict[tuple, list[int]] = {}
         for c, ((numa, card, (_, shared, intra)), devices) in enumerate(groups):
-            if self.mins[c] or card is not None and card_sizes[card] != len(devices):
+            if card is not None and card_sizes[card] != len(devices):
                 continue
             top = shared
             if shared:
@@ -321,10 +324,7 @@ class _Search:
                     top = top[:-1]
             chains.setdefault((numa, card is None, top[:-1], len(top), self.depth[c], intra, len(devices)),
                               []).append(c)
-        for members in chains.values():
-            for a, b in zip(members, members[1:]):
-                if self.free_ids[a][-1] < self.free_ids[b][0]:
-                    self.swap_prev[b], self.swap_next[a] = a, b
+        self.chains = list(chains.values())
 
         # links[c]: (other class, distance) for every class under the same root.
         self.links: list[list[tuple[int, int]]] = [[] for _ in range(n)]
@@ -392,8 +392,28 @@ class _Search:
 
     # -- search ----------------------------------------------------------
 
-    def run(self) -> set[str]:
+    def run(self, mandatory: set[str], size: int) -> set[str]:
+        """The best `size` devices including `mandatory`, searched on a copy: the tables stay as they are."""
+        return copy.copy(self)._run(mandatory, size)
+
+    def _run(self, mandatory: set[str], size: int) -> set[str]:
         n = len(self.cap)
+        self.size = size
+        self.best: list | None = None
+        self.best_picks: list[tuple[int, int]] = []
+        # Per root, keyed on its chosen devices and limits: its shape, and its bound per number of devices added.
+        self.root_shapes: dict[tuple, tuple] = {}
+        self.root_bounds: dict[tuple, tuple | None] = {}
+        self.mand_ids = [tuple(i for i in ids if i in mandatory) for ids in self.ids]
+        self.free_ids = [tuple(i for i in ids if i not in mandatory) for ids in self.ids]
+        self.mins = [len(ids) for ids in self.mand_ids]
+        self.swap_prev = [-1] * n
+        self.swap_next = [-1] * n
+        for chain in self.chains:
+            chain = [c for c in chain if not self.mins[c]]
+            for a, b in zip(chain, chain[1:]):
+                if self.ids[a][-1] < self.ids[b][0]:
+                    self.swap_prev[b], self.swap_next[a] = a, b
         state = _State()
         state.unknown = state.numa_mask = state.card_mask = state.solo = state.unreadable = 0
         state.cross = state.pmax = state.psum = 0
@@ -414,6 +434,9 @@ class _Search:
 
     def _node(self, state: _State, und: list[int], r: int, ecap: list[int], emin: list[int]) -> _Node:
         if r == 0:
+            if any(emin[c] for c in und):
+                # The limits still ask for devices, mandatory ones among them, that no longer fit.
+                return _Node(_Bound(iter([(_INFEASIBLE, None)]), None), r, state)
             ids = tuple(sorted(i for c, k in state.picks for i in self._ids(c, k)))
             score = [state.unknown, state.numa_mask.bit_count(), state.card_mask.bit_count() + state.solo,
                      state.unreadable, state.cross, state.pmax, state.psum, ids]
@@ -423,7 +446,8 @@ class _Search:
 
     def _may_win(self, node: _Node) -> bool:
         if node.r == 0:
-            return self.best is None or [node.bound.get(j) for j in range(_COMPONENTS)] < self.best
+            score = [node.bound.get(j) for j in range(_COMPONENTS)]
+            return score[0] != _INFEASIBLE and (self.best is None or score < self.best)
         return self._narrow(node.bound) is not None
 
     def _visit(self, node: _Node, probe: bool = False) -> None:
@@ -603,93 +627,34 @@ class _Search:
             return
 
         # 1. NUMA: unknown-NUMA devices only when known ones run out.
-        known, blind = [], []
-        known_cap = blind_min = 0
-        for c in und:
-            if numa_bit[c]:
-                known.append(c)
-                known_cap += ecap[c]
-            else:
-                blind.append(c)
-                blind_min += emin[c]
-        u = max(blind_min, r - known_cap)
-        if _pin(blind, u, ecap, emin) | _pin(known, r - u, ecap, emin):
+        u, known, changed = _fewest_unknown(und, numa_bit, r, ecap, emin)
+        if changed:
             und = [c for c in und if ecap[c]]
-            known = [c for c in known if ecap[c]]
             limits = _Limits(und, ecap[:], emin[:])
         yield state.unknown + u, limits
-        node_cap: dict[int, int] = {}
-        used = state.numa_mask
-        for c in known:
-            bit = numa_bit[c]
-            node_cap[bit] = node_cap.get(bit, 0) + ecap[c]
-            if emin[c]:
-                used |= bit
-        need = r - u - sum(v for bit, v in node_cap.items() if bit & used)
-        extra = _needed(sorted((v for bit, v in node_cap.items() if not bit & used), reverse=True), need)
-        if extra is None:
+        opened = _open_groups(known, numa_bit, state.numa_mask, r - u, ecap, emin)
+        if opened is None:
             yield _INFEASIBLE, None
             return
-        changed = False
-        if extra <= 1:
-            # The one extra node, if any, must hold everything the used ones cannot.
-            for c in known:
-                bit = numa_bit[c]
-                if not bit & used and (extra == 0 or node_cap[bit] < need) and ecap[c] != emin[c]:
-                    ecap[c] = emin[c]
-                    changed = True
-        if _pin(und, r, ecap, emin) or changed:
+        if _pin(und, r, ecap, emin) or opened[1]:
             und = [c for c in und if ecap[c]]
             limits = _Limits(und, ecap[:], emin[:])
-        yield used.bit_count() + extra, limits
+        yield opened[0], limits
 
         # 2. Cards, filled largest first after the cards already paid for.
-        paid = state.card_mask
-        card_cap: dict[int, int] = {}
-        single_min = single_cap = 0
-        for c in und:
-            bit = card_bit[c]
-            if bit:
-                card_cap[bit] = card_cap.get(bit, 0) + ecap[c]
-                if emin[c]:
-                    paid |= bit
-            else:
-                single_min += emin[c]
-                single_cap += ecap[c]
-        need = r - single_min - sum(v for bit, v in card_cap.items() if bit & paid)
-        # Each device on no card of its own is a card of capacity one.
-        extra_caps = [v for bit, v in card_cap.items() if not bit & paid] + [1] * (single_cap - single_min)
-        extra = _needed(sorted(extra_caps, reverse=True), need)
-        if extra is None:
+        opened = _open_groups(und, card_bit, state.card_mask, r, ecap, emin)
+        if opened is None:
             yield _INFEASIBLE, None
             return
-        changed = False
-        if extra <= 1:
-            for c in und:
-                bit = card_bit[c]
-                if ecap[c] != emin[c] and (not bit and (extra == 0 or need > 1) or
-                                           bit and not bit & paid and (extra == 0 or card_cap[bit] < need)):
-                    ecap[c] = emin[c]
-                    changed = True
-        if _pin(und, r, ecap, emin) or changed:
+        if _pin(und, r, ecap, emin) or opened[1]:
             und = [c for c in und if ecap[c]]
             limits = _Limits(und, ecap[:], emin[:])
-        yield paid.bit_count() + state.solo + single_min + extra, limits
+        yield state.solo + opened[0], limits
 
         # 3. PCI roots: readable paths first, then as few cross-root pairs as possible.
-        readable, blind = [], []
-        readable_cap = blind_min = 0
-        for c in und:
-            if root[c] >= 0:
-                readable.append(c)
-                readable_cap += ecap[c]
-            else:
-                blind.append(c)
-                blind_min += emin[c]
-        u = max(blind_min, r - readable_cap)
-        if _pin(blind, u, ecap, emin) | _pin(readable, r - u, ecap, emin):
+        u, readable, changed = _fewest_unknown(und, self.depth, r, ecap, emin)   # depth 0: no path
+        if changed:
             und = [c for c in und if ecap[c]]
-            readable = [c for c in readable if ecap[c]]
             limits = _Limits(und, ecap[:], emin[:])
         yield state.unreadable + u, limits
         t = r - u
@@ -745,35 +710,45 @@ class _Search:
             quotas = [option[0] for option in options]
             _pin_roots(root, readable, quotas, ecap, emin)
             if len(options) == 1:
-                # A completion meeting this bound fills the tree as the bound does.
-                _, _, _, empty, full = options[0]
-                for c in readable:
-                    if not empty.isdisjoint(self.anc[c]):
-                        ecap[c] = emin[c]
-                    elif not full.isdisjoint(self.anc[c]):
-                        emin[c] = ecap[c]
+                self._fill_tree(readable, options[0], ecap, emin)
         und = [c for c in und if ecap[c]]
         yield lowest, _Limits(und, ecap[:], emin[:])
 
         # 5. IDs: the chosen ones plus the smallest IDs still allowed, taking
-        # from each root as many as a remaining split gives it.
+        # from each root as many as a remaining split gives it, and from the
+        # tree as that split's sum bound fills it.
         chosen = [i for c, k in state.picks for i in self._ids(c, k)]
         if quotas is None:
-            yield tuple(sorted(chosen + self._smallest_ids(und, r, ecap))), None
+            yield tuple(sorted(chosen + self._smallest_ids(und, r, ecap, emin))), None
             return
         by_root: dict[int, list[int]] = {}
         for c in und:
             by_root.setdefault(root[c], []).append(c)
-        unreadable_ids = self._smallest_ids(by_root.get(-1, []), r - t, ecap)
-        yield min(tuple(sorted(chosen + unreadable_ids + [i for x, p in enumerate(quota) if p
-                                                          for i in self._smallest_ids(by_root.get(x, []), p, ecap)]))
-                  for quota in quotas), None
+        chosen += self._smallest_ids(by_root.get(-1, []), r - t, ecap, emin)
 
-    def _smallest_ids(self, classes: list[int], count: int, ecap: list[int]) -> list[str]:
-        """The mandatory IDs of `classes` and their smallest other IDs allowed, `count` in all."""
-        ids = [i for c in classes for i in self.mand_ids[c]]
-        offered = [i for c in classes for i in self.free_ids[c][:ecap[c] - self.mins[c]]]
-        return ids + sorted(offered)[:count - len(ids)]
+        def smallest(option: tuple) -> tuple[str, ...]:
+            cap, low = ecap, emin
+            if len(options) > 1:
+                cap, low = ecap[:], emin[:]
+                self._fill_tree(readable, option, cap, low)
+            return tuple(sorted(chosen + [i for x, p in enumerate(option[0]) if p
+                                          for i in self._smallest_ids(by_root.get(x, []), p, cap, low)]))
+        yield min(map(smallest, options)), None
+
+    def _fill_tree(self, classes: list[int], option: tuple, ecap: list[int], emin: list[int]) -> None:
+        """Narrows the limits to the completions that fill the tree as this option's sum bound does."""
+        _, _, _, empty, full = option
+        for c in classes:
+            if not empty.isdisjoint(self.anc[c]):
+                ecap[c] = emin[c]
+            elif not full.isdisjoint(self.anc[c]):
+                emin[c] = ecap[c]
+
+    def _smallest_ids(self, classes: list[int], count: int, ecap: list[int], emin: list[int]) -> list[str]:
+        """The IDs `classes` must give within these limits and their smallest other IDs allowed, `count` in all."""
+        ids = [i for c in classes for i in self._ids(c, emin[c])]
+        offered = [i for c in classes for i in self.free_ids[c][emin[c] - self.mins[c]:ecap[c] - self.mins[c]]]
+        return ids + sorted(offered)[:max(0, count - len(ids))]
 
     def _distance_options(self, state: _State, readable: list[int], t: int, quotas: list[list[int]] | None,
                           ecap: list[int], emin: list[int]) -> list[tuple]:
@@ -790,19 +765,25 @@ class _Search:
         by_root: dict[int, list[int]] = {}
         for c in readable:
             by_root.setdefault(self.root[c], []).append(c)
-        shapes: dict[int, tuple] = {}
-        bounds: dict[tuple[int, int], tuple[int, int] | None] = {}
+        # What p more devices add under a root depends only on what is chosen
+        # there and on its classes' limits: other nodes of the search share it.
+        keys: dict[int, tuple] = {}
         options = []
         for quota in quotas:
             worst, total = state.pmax, state.psum
             empty, full = set(), set()
             for x, p in enumerate(quota):
                 if p:
-                    if (x, p) not in bounds:
-                        if x not in shapes:
-                            shapes[x] = self._root_shape(state, by_root.get(x, []), ecap, emin)
-                        bounds[x, p] = self._root_bound(state, x, shapes[x], p)
-                    bound = bounds[x, p]
+                    if x not in keys:
+                        classes = by_root.get(x, [])
+                        keys[x] = (x, tuple(sorted(pick for pick in state.picks if self.root[pick[0]] == x)),
+                                   tuple((c, ecap[c], emin[c]) for c in classes))
+                        if keys[x] not in self.root_shapes:
+                            self.root_shapes[keys[x]] = self._root_shape(state, classes, ecap, emin)
+                    key = keys[x], p
+                    if key not in self.root_bounds:
+                        self.root_bounds[key] = self._root_bound(state, x, self.root_shapes[keys[x]], p)
+                    bound = self.root_bounds[key]
                     if bound is None:
                         break
                     worst, total = max(worst, bound[0]), total + bound[1]
@@ -835,7 +816,7 @@ class _Search:
         levels = []
         for weight, level in self.levels[x] if classes else ():
             nodes = [v for v in level if held[v] or room[v]]
-            levels.append((weight, nodes, [(held[v], room[v]) for v in nodes]))
+            levels.append((weight, nodes, tuple((held[v], room[v]) for v in nodes)))
         meeting = [(supply[v], self.split[v]) for v in {v for c in classes for v in self.anc[c]}
                    if self.split[v] is not None]
         depths = sorted((self.depth[c], ecap[c] - emin[c]) for c in classes if ecap[c] > emin[c])
@@ -884,6 +865,72 @@ def _bump(values: tuple[int, ...], x: int, k: int) -> tuple[int, ...]:
 
 def _feasible(classes: list[int], r: int, ecap: list[int], emin: list[int]) -> bool:
     return sum(emin[c] for c in classes) <= r <= sum(ecap[c] for c in classes)
+
+
+def _fewest_unknown(classes: list[int], known: list, r: int,
+                    ecap: list[int], emin: list[int]) -> tuple[int, list[int], bool]:
+    """How few of r devices must be unknown in some respect (NUMA, PCI path): only when known ones run out.
+
+    `known[c]` is truthy when class c is known. Pins both sides to that number;
+    returns it, the known classes still open and whether a limit changed.
+    """
+    known_classes, blind = [], []
+    known_cap = blind_min = 0
+    for c in classes:
+        if known[c]:
+            known_classes.append(c)
+            known_cap += ecap[c]
+        else:
+            blind.append(c)
+            blind_min += emin[c]
+    u = max(blind_min, r - known_cap)
+    if _pin(blind, u, ecap, emin) | _pin(known_classes, r - u, ecap, emin):
+        return u, [c for c in known_classes if ecap[c]], True
+    return u, known_classes, False
+
+
+def _open_groups(classes: list[int], group: list[int], paid: int, target: int,
+                 ecap: list[int], emin: list[int]) -> tuple[int, bool] | None:
+    """Fewest groups (NUMA nodes, cards) that hold `target` devices of `classes`: those `paid` for, then the largest.
+
+    `group[c]` is the bit of the group of class c; 0 makes each device a group
+    of its own. Narrows the limits to the completions using that few groups.
+    Returns (the groups, whether a limit changed), or None if the classes
+    cannot hold `target` devices.
+    """
+    room: dict[int, int] = {}
+    single_min = single_cap = 0
+    for c in classes:
+        bit = group[c]
+        if bit:
+            room[bit] = room.get(bit, 0) + ecap[c]
+            if emin[c]:
+                paid |= bit
+        else:
+            single_min += emin[c]
+            single_cap += ecap[c]
+    need = target - single_min - sum(v for bit, v in room.items() if bit & paid)
+    unpaid = sorted([v for bit, v in room.items() if not bit & paid] + [1] * (single_cap - single_min), reverse=True)
+    extra = _needed(unpaid, need)
+    if extra is None:
+        return None
+    # Opening `extra` groups gives at most the largest ones' room, so the
+    # devices chosen fall short of all the room in use by at most `slack`:
+    # a paid group's class gives all but `slack`, and a group too small to
+    # reach `need` with the largest others stays closed.
+    slack = sum(unpaid[:extra]) - need
+    smallest = unpaid[extra - 1] - slack if extra else _INFEASIBLE
+    changed = False
+    for c in classes:
+        bit = group[c]
+        if bit & paid:
+            if ecap[c] - slack > emin[c]:
+                emin[c] = ecap[c] - slack
+                changed = True
+        elif ecap[c] > emin[c] and (room[bit] if bit else 1) < smallest:
+            ecap[c] = emin[c]
+            changed = True
+    return paid.bit_count() + single_min + extra, changed
 
 
 def _pin(classes: list[int], picks: int, ecap: list[int], emin: list[int]) -> bool:
@@ -998,7 +1045,9 @@ def _fill(caps_desc: list[int], p: int) -> int:
     return pairs
 
 
-def _level_pairs(nodes: list[tuple[int, int]], p: int) -> tuple[int, list[int], list[int]]:
+# Pure, and the same few levels recur across the nodes of a search and across requests.
+@functools.lru_cache(maxsize=4096)
+def _level_pairs(nodes: tuple[tuple[int, int], ...], p: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """An upper bound on the pairs below a level's nodes once p devices are added.
 
     `nodes` holds (devices held, room left) per node; a node with h devices
@@ -1013,7 +1062,7 @@ def _level_pairs(nodes: list[tuple[int, int]], p: int) -> tuple[int, list[int], 
         # The gains are convex, so the best uses as much as possible with at
         # most one node short of its room: one of two extremes.
         if not growing:
-            return pairs, [], []
+            return pairs, (), ()
         total = min(p, sum(nodes[i][1] for i in growing))
         first, last = growing[0], growing[-1]
         ends = [min(nodes[first][1], total), total - min(nodes[last][1], total)] if first != last else [total]
@@ -1021,17 +1070,17 @@ def _level_pairs(nodes: list[tuple[int, int]], p: int) -> tuple[int, list[int], 
                  (_pairs(nodes[last][0] + total - a) - _pairs(nodes[last][0]) if first != last else 0) for a in ends]
         best = max(gains)
         given = [(a, total - a) for a, gain in zip(ends, gains) if gain == best]
-        none_of = [i for k, i in enumerate((first, last)[:len(growing)]) if all(g[k] == 0 for g in given)]
+        none_of = tuple(i for k, i in enumerate((first, last)[:len(growing)]) if all(g[k] == 0 for g in given))
         # A lone device in a node adds no pair, so it may as well go elsewhere:
         # only a node whose last device adds pairs must be filled.
-        all_of = [i for k, i in enumerate((first, last)[:len(growing)])
-                  if sum(nodes[i]) >= 2 and all(g[k] == nodes[i][1] for g in given)]
+        all_of = tuple(i for k, i in enumerate((first, last)[:len(growing)])
+                       if sum(nodes[i]) >= 2 and all(g[k] == nodes[i][1] for g in given))
         return pairs + best, none_of, all_of
     grown = [nodes[i] for i in growing if nodes[i][0]]
     fresh = sorted((nodes[i][1] for i in growing if not nodes[i][0]), reverse=True)
     if not grown:
         # Empty nodes: the most pairs come from filling the largest first.
-        return pairs + _fill(fresh, p), [], []
+        return pairs + _fill(fresh, p), (), ()
     if len(grown) > _EXACT_NODES:
         # Each node's gain is convex in what it gets, so below its chord: a
         # fractional knapsack over whole nodes bounds the sum.
@@ -1041,7 +1090,7 @@ def _level_pairs(nodes: list[tuple[int, int]], p: int) -> tuple[int, list[int], 
             take = min(room, left)
             pairs += -(-gain * take // room)
             left -= take
-        return pairs, [], []
+        return pairs, (), ()
     # fill[b]: pairs from b devices on the empty nodes, largest first.
     fill = [0] * (p + 1)
     b, full = 0, 0
@@ -1065,7 +1114,7 @@ def _level_pairs(nodes: list[tuple[int, int]], p: int) -> tuple[int, list[int], 
             if not mask >> i & 1:
                 for a in range(1, min(room, left + 1)):
                     best = max(best, gain + _pairs(held + a) - _pairs(held) + fill[left - a])
-    return pairs + best, [], []
+    return pairs + best, (), ()
 
 
 def _reach(classes: list[int], slot_sum: list[int], slot_max: list[int],

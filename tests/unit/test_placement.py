@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 import os
 import random
@@ -380,6 +381,22 @@ def test_look_alike_order_that_cannot_be_met():
         assert preferred_allocation(node, sorted(node), [], size) == _oracle(node, sorted(node), [], size)
 
 
+def test_a_selection_missing_a_mandatory_device_never_wins():
+    # The bounds once narrowed a branch until its devices ran out with the mandatory
+    # d18-0 still unplaced; that selection won and d18-0 was added on top: six devices for five.
+    root = "pci0000:01"
+    rows = [("d13", "sid:B", (root, "0000:f07:00.0")), ("d18-0", "pf:d18", (root, "0")),
+            ("d57-0", "pf:d57", (root, "0000:f08:00.0", "0")), ("d57-2", "pf:d57", (root, "0000:f08:00.0", "2")),
+            ("d57-3", "pf:d57", (root, "0000:f08:00.0", "3")),
+            ("d92-0", "pf:d92", (root, "0000:01:00.0", "0000:f00:00.0", "0")),
+            ("d92-1", "pf:d92", (root, "0000:01:00.0", "0000:f00:00.0", "1"))]
+    node = {d: Candidate(d, 1, card, path) for d, card, path in rows}
+    for size in range(2, len(node) + 1):
+        chosen = preferred_allocation(node, sorted(node), ["d57-0", "d18-0"], size)
+        assert len(chosen) == size
+        assert chosen == _oracle(node, sorted(node), ["d57-0", "d18-0"], size)
+
+
 @pytest.mark.parametrize("mandatory", [[], ["rbln10-1"], ["rbln3-0", "rbln13-1"], ["rbln1-1", "rbln4-0", "rbln10-0"]])
 def test_structured_server_matches_oracle(mandatory):
     node = _server()
@@ -401,7 +418,7 @@ def test_level_pairs_bound_every_allocation(nodes, p):
     pairs = {grown: sum(_pairs(held + n) for (held, _), n in zip(nodes, grown))
              for grown in itertools.product(*(range(room + 1) for _, room in nodes)) if sum(grown) <= p}
     best = max(pairs.values())
-    bound, none_of, all_of = placement._level_pairs(nodes, p)
+    bound, none_of, all_of = placement._level_pairs(tuple(nodes), p)
     assert bound >= best
     if sum(1 for held, room in nodes if held and room) <= placement._EXACT_NODES:
         assert bound == best
@@ -426,3 +443,48 @@ def test_best_splits_finds_every_best_split(roots, data):
     assert sorted(set(best)) == sorted(split for split in splits if value[split] == top)
     assert placement._best_splits(base, spare, sum(spare) + 1) is None
     assert placement._best_splits(base, spare, -1) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 4]), st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=5),
+       st.sampled_from([0, 1, 2, 4]), st.data())
+def test_open_groups_keeps_every_selection_with_fewest_groups(classes, paid, data):
+    # (group bit, fewest, most) per class; bit 0: each device a group of its own.
+    group = [bit for bit, _, _ in classes]
+    emin = [low for _, low, _ in classes]
+    ecap = [low + extra for _, low, extra in classes]
+    target = data.draw(st.integers(sum(emin), sum(ecap)))
+
+    def groups(counts):
+        bits = paid
+        for bit, k in zip(group, counts):
+            bits |= bit if k else 0
+        return bin(bits).count("1") + sum(k for bit, k in zip(group, counts) if not bit)
+
+    counts = [c for c in itertools.product(*(range(low, cap + 1) for low, cap in zip(emin, ecap))) if sum(c) == target]
+    fewest = min(map(groups, counts))
+    opened, _ = placement._open_groups(list(range(len(classes))), group, paid, target, ecap, emin)
+    assert opened == fewest
+    # What it narrows must hold for every selection that opens that few groups.
+    for c in counts:
+        if groups(c) == fewest:
+            assert all(low <= k <= cap for low, k, cap in zip(emin, c, ecap))
+
+
+def test_requests_for_one_pool_share_its_tables_but_not_their_state():
+    node = _server()
+    ids = sorted(node)
+    requests = [(mandatory, size) for mandatory in ([], ["rbln10-1"], ["rbln3-0", "rbln13-1"])
+                for size in range(max(1, len(mandatory)), len(ids) + 1)]
+    placement._tables.cache_clear()
+    shared = [preferred_allocation(node, ids, mandatory, size) for mandatory, size in requests]
+    # A mapping equal in value, built anew as the servicer does for each request, finds the same tables.
+    rebuilt = {d: dataclasses.replace(c) for d, c in node.items()}
+    assert placement._tables.cache_info().currsize == 1
+    assert [preferred_allocation(rebuilt, ids, m, s) for m, s in reversed(requests)] == shared[::-1]
+    assert placement._tables.cache_info().currsize == 1
+    alone = []
+    for mandatory, size in requests:
+        placement._tables.cache_clear()
+        alone.append(preferred_allocation(node, ids, mandatory, size))
+    assert shared == alone
