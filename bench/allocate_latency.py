@@ -27,7 +27,7 @@ interval is an hour so that no scan competes with the measurement.
 - worker_cpu_ms_per_call: CPU (utime+stime) the npu-vf4 worker process used over
   the calls, per call: independent of how busy the machine is, unlike own time. It
   includes the worker's side of spawning rbln-smi and its idle background work
-  (about 1 ms per second), not the tool's own CPU.
+  (under 1 ms per second: idle/worker-npu-vf4), not the tool's own CPU.
 - rpc-floor: round trip of GetDevicePluginOptions, the part of any call that is
   gRPC alone.
 """
