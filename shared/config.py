@@ -21,6 +21,9 @@ from shared.plugin_socket import longest_socket_name
 
 # supervisord's control socket in the run dir (supervisor.conf names it too).
 SUPERVISOR_SOCKET = "supervisor.sock"
+# supervisord binds "<socket>.<its pid>" first and then links it to the socket's name: its longest
+# form has the largest pid Linux hands out (PID_MAX_LIMIT, 2**22 on 64-bit).
+SUPERVISOR_SOCKET_WHILE_BINDING = f"{SUPERVISOR_SOCKET}.{2**22}"
 # A unix socket's path must fit sun_path (108 bytes) with its terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 
@@ -121,8 +124,8 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(f"invalid {option.env} {text!r}: {exc}") from None
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
-        _check_socket_room(values["run_dir"], max((ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET),
-                                                  key=len), "RBLN_DEVICE_PLUGIN_RUN_DIR")
+        run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
+        _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), "RBLN_DEVICE_PLUGIN_RUN_DIR")
         if not values["node_name"]:
             values["node_name"] = socket.gethostname()
         return cls(**values)

@@ -108,7 +108,6 @@ def _optional(value: Any, kinds: type | tuple[type, ...], what: str) -> Any:
 def _device_from_wire(raw: Any) -> DeviceRecord:
     _expect(raw, dict, "device")
     device_id = _expect(raw.get("id"), str, "device id")
-    # fullmatch as well: the pattern's `$` also matches before a trailing newline.
     if not is_valid_device_id(device_id):
         raise ProtocolError(f"device id {device_id[:80]!r} is not valid")
     bus_id = _expect(raw.get("bus"), str, f"{device_id} bus")

@@ -1,4 +1,5 @@
-"""The project's version: the one place it is written (pyproject.toml and the image read it from here).
+"""The project's version. pyproject.toml (through hatchling) and the image Makefile read it from here;
+the Dockerfile's default VERSION and the chart's appVersion repeat it, and tests keep them equal.
 
 A constant rather than a lookup in the installed metadata: importlib.metadata costs every
 process of the stack about 2 MB and 10 ms of start-up to learn one string.

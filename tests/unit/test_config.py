@@ -2,7 +2,7 @@ import pathlib
 
 import pytest
 
-from shared.config import ConfigError, Settings
+from shared.config import SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
 from shared.plugin_socket import longest_socket_name, new_socket_name
 from shared.resources import Resource
 from shared.durations import format_duration, parse_duration
@@ -62,7 +62,8 @@ def test_environment_overrides_and_empty_values():
     ("SYSFS_ROOT", "", "must not be empty"),
     # A plugin socket name is 54 bytes: with the slash, a 53-byte directory is one too many.
     ("KUBELET_DEVICE_PLUGIN_PATH", "/" + "k" * 52, "108 bytes for rbln-device-plugin-rebellions-ai-npu-vf"),
-    ("RBLN_DEVICE_PLUGIN_RUN_DIR", "/" + "r" * 84, "inventory-snapshot.ipc; a unix socket path has at most 107"),
+    # supervisord binds supervisor.sock.<pid> first: 23 bytes with a 7-digit pid.
+    ("RBLN_DEVICE_PLUGIN_RUN_DIR", "/" + "r" * 83, "supervisor.sock.4194304; a unix socket path has at most 107"),
 ])
 def test_bad_settings_name_the_variable(env, value, fragment):
     with pytest.raises(ConfigError) as caught:
@@ -73,6 +74,7 @@ def test_bad_settings_name_the_variable(env, value, fragment):
 
 def test_socket_directories_up_to_the_unix_limit_are_accepted():
     settings = Settings.from_environ({"KUBELET_DEVICE_PLUGIN_PATH": "/" + "k" * 51,
-                                      "RBLN_DEVICE_PLUGIN_RUN_DIR": "/" + "r" * 83})
+                                      "RBLN_DEVICE_PLUGIN_RUN_DIR": "/" + "r" * 82})
     assert len(str(settings.kubelet_device_plugin_path / longest_socket_name())) == 107
+    assert len(str(settings.run_dir / SUPERVISOR_SOCKET_WHILE_BINDING)) == 107
     assert len(new_socket_name(Resource.NPU_VF4)) == len(longest_socket_name())
