@@ -33,22 +33,26 @@ class PciPaths:
     """
 
     def __init__(self, sysfs_root: pathlib.Path):
+        # (devices dir, links dir) of the resolved root; None when the root cannot be resolved.
+        self._dirs: tuple[str, str] | None
         try:
             real_root = os.path.realpath(sysfs_root, strict=True)
         except (OSError, RecursionError):
-            real_root = None
-        self._devices = None if real_root is None else os.path.join(real_root, "devices")
-        self._links = None if real_root is None else os.path.realpath(os.path.join(real_root, "bus", "pci", "devices"))
+            self._dirs = None
+        else:
+            self._dirs = (os.path.join(real_root, "devices"),
+                          os.path.realpath(os.path.join(real_root, "bus", "pci", "devices")))
 
     def resolve(self, bus_id: str) -> tuple[str, ...] | None:
         """Segments from the PCI root (`pci0000:00`) down to the device's own BDF, or None when untrusted."""
-        if self._devices is None or self._links is None:
+        if self._dirs is None:
             return None
+        devices, links = self._dirs
         if not isinstance(bus_id, str) or not BUS_ID_PATTERN.fullmatch(bus_id):
             return None
-        link = os.path.join(self._links, bus_id)
+        link = os.path.join(links, bus_id)
         try:
-            target = os.path.normpath(os.path.join(self._links, os.readlink(link)))
+            target = os.path.normpath(os.path.join(links, os.readlink(link)))
             found = os.lstat(target)
             # The text must name the directory the kernel's own resolution reaches.
             if not stat.S_ISDIR(found.st_mode) or not os.path.samestat(found, os.stat(link)):
@@ -56,9 +60,9 @@ class PciPaths:
         except (OSError, ValueError):
             # A missing link, a directory in place of one, ELOOP; ValueError: a NUL in the target.
             return None
-        if not target.startswith(self._devices + os.sep):
+        if not target.startswith(devices + os.sep):
             return None
-        segments = tuple(target[len(self._devices) + 1:].split(os.sep))
+        segments = tuple(target[len(devices) + 1:].split(os.sep))
         if len(segments) < 2 or not _ROOT_SEGMENT.fullmatch(segments[0]):
             return None
         if not all(BUS_ID_PATTERN.fullmatch(segment) for segment in segments[1:]):
@@ -67,7 +71,3 @@ class PciPaths:
             return None
         return segments
 
-
-def resolve_pci_path(sysfs_root: pathlib.Path, bus_id: str) -> tuple[str, ...] | None:
-    """One device's PCI path (see PciPaths, which a scan of many devices uses directly)."""
-    return PciPaths(sysfs_root).resolve(bus_id)

@@ -11,7 +11,7 @@ from resource_worker import placement
 from resource_worker.placement import (Candidate, PlacementRequestError, candidate_from_record, card_key,
                                        preferred_allocation)
 from shared.inventory import DeviceRecord
-from shared.pci_path import resolve_pci_path
+from shared.pci_path import PciPaths
 from shared.status import StatusReading
 
 # The PCI tree of the upstream README's example.
@@ -33,18 +33,18 @@ def _literal_paths(tmp_path):
 
 
 def _sysfs_paths(tmp_path):
-    """The same tree built as sysfs under tmp_path and read back through resolve_pci_path."""
+    """The same tree built as sysfs under tmp_path and read back through PciPaths, as a scan reads it."""
     links = tmp_path / "bus" / "pci" / "devices"
     links.mkdir(parents=True)
-    paths = {}
+    bus_ids = {}
     for device, segments in SPEC_PATHS.items():
-        bus_id = segments[-1] if segments else "0000:90:00.0"
+        bus_ids[device] = segments[-1] if segments else "0000:90:00.0"
         if segments:
             target = tmp_path.joinpath("devices", *segments)
             target.mkdir(parents=True, exist_ok=True)
-            (links / bus_id).symlink_to(os.path.relpath(target, links))
-        paths[device] = resolve_pci_path(tmp_path, bus_id)
-    return paths
+            (links / bus_ids[device]).symlink_to(os.path.relpath(target, links))
+    pci_paths = PciPaths(tmp_path)
+    return {device: pci_paths.resolve(bus_id) for device, bus_id in bus_ids.items()}
 
 
 @pytest.fixture(params=[_literal_paths, _sysfs_paths], ids=["literal", "sysfs"])
