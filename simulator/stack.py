@@ -20,12 +20,11 @@ class StackProcess:
     """`rbln-device-plugin run` in a child process. Every stdout line is kept (parsed when it is JSON)."""
 
     def __init__(self, environ: Mapping[str, str], extra_args: tuple[str, ...] = (),
-                 command: Sequence[str] | None = None, cwd: str | os.PathLike | None = None):
-        """`command` replaces `python -c <ENTRYPOINT> run` (e.g. an installed image's ENTRYPOINT)."""
+                 command: Sequence[str] | None = None):
+        """`command` replaces `python -c <ENTRYPOINT> run` (e.g. `docker run` of the image)."""
         self._environ = dict(environ)
         self._command = list(command) if command is not None else [sys.executable, "-c", ENTRYPOINT, "run"]
         self._args = extra_args
-        self._cwd = cwd
         self._proc: subprocess.Popen | None = None
         # Guards `records`, `raw_lines` and `stderr_lines`; notified on every new line.
         self._changed = threading.Condition()
@@ -40,7 +39,7 @@ class StackProcess:
         return self._proc.pid
 
     def start(self) -> "StackProcess":
-        self._proc = subprocess.Popen([*self._command, *self._args], cwd=self._cwd,
+        self._proc = subprocess.Popen([*self._command, *self._args],
                                       env=self._environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, bufsize=1,
                                       # Its own process group: a leftover stack can be killed whole.

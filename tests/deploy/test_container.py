@@ -1,6 +1,8 @@
-"""The image recipe (deploy/container/Dockerfile, its Makefile, .dockerignore), checked without a container engine.
+"""The image recipe (deploy/container/: Dockerfile, Makefile, hashed locks), checked without a container engine.
 
-deploy/validate.sh adds hadolint; test_entrypoint.py builds the wheel from the .dockerignore'd context and runs it.
+The image is built and run for real by deploy/image_test.sh (CI); deploy/validate.sh adds hadolint.
+These are the properties a build on a developer's machine would not show: what the build reads
+offline, what it is given, and whether the locks still match pyproject.toml.
 """
 
 from __future__ import annotations
@@ -8,35 +10,58 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 
-import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-from tests.deploy import ROOT, load_deploy_module, project_version
+from tests.deploy import ROOT, project_version
 
-image_context = load_deploy_module("image_context")
-instructions = image_context.instructions
-DOCKERFILE = image_context.DOCKERFILE
-MAKEFILE = ROOT / "deploy" / "container" / "Makefile"
-
-
-def test_two_stages_on_a_slim_python_base():
-    stages = [args for keyword, args in instructions() if keyword == "FROM"]
-    assert len(stages) == 2
-    assert stages[0] == "python:${PYTHON_VERSION}-slim AS build"
-    assert stages[1] == "python:${PYTHON_VERSION}-slim"
-    assert ("ARG", "PYTHON_VERSION=3.12") in instructions()
+CONTAINER_DIR = ROOT / "deploy" / "container"
+DOCKERFILE = CONTAINER_DIR / "Dockerfile"
+MAKEFILE = CONTAINER_DIR / "Makefile"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def test_first_stage_builds_the_wheel_without_dependencies_and_the_final_stage_installs_it():
-    runs = [args for keyword, args in instructions() if keyword == "RUN"]
-    assert any(re.search(r"\bpip wheel\b.*--no-deps\b.*\s\.$", run) for run in runs), runs
-    assert any("pip install" in run and "/wheels/*.whl" in run and "from=build" in run for run in runs), runs
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\s*\\\n\s*", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
 
 
-def test_exec_form_entrypoint_runs_the_stack():
-    entrypoints = [args for keyword, args in instructions() if keyword == "ENTRYPOINT"]
-    assert entrypoints == ['["rbln-device-plugin", "run"]']
-    assert not [args for keyword, args in instructions() if keyword == "CMD"]
+def test_no_syntax_directive_so_the_build_needs_no_frontend_image():
+    # `# syntax=...` makes BuildKit pull a frontend from a registry before it reads anything else.
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE.read_text(), re.M | re.I)
+
+
+def test_both_stages_on_one_base_given_as_a_build_argument_defaulting_to_python_slim():
+    found = instructions()
+    assert found[0] == ("ARG", "BASE_IMAGE=python:3.12-slim")  # before the first FROM: usable in every FROM
+    assert [args for keyword, args in found if keyword == "FROM"] == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
+
+
+def test_dependencies_install_from_the_hashed_locks_as_wheels_only():
+    runs = " ".join(args for keyword, args in instructions() if keyword == "RUN")
+    for lock in ("build-requirements.lock", "requirements.lock"):
+        assert re.search(rf"install --require-hashes --only-binary=:all: -r /locks/{lock}\b", runs), lock
+    # The project's own wheel, built with the locked backend, adds nothing unlocked.
+    assert "wheel --no-build-isolation --no-deps" in runs
+    assert re.search(r"install --no-deps /wheels/\*\.whl", runs)
+    assert " check" in runs
+
+
+def test_the_runtime_stage_gets_the_stack_environment_only():
+    final = instructions()[[keyword for keyword, _ in instructions()].index("FROM", 2):]
+    assert [args for keyword, args in final if keyword in ("COPY", "ADD", "RUN")] == [
+        "--from=build /opt/rbln-device-plugin /opt/rbln-device-plugin"]
+    assert ("ENTRYPOINT", '["rbln-device-plugin", "run"]') in final  # exec form: supervisord becomes PID 1
+    assert not [args for keyword, args in final if keyword == "CMD"]
 
 
 def test_oci_labels():
@@ -55,30 +80,45 @@ def test_version_argument_defaults_to_the_project_version():
     assert ("ARG", f"VERSION={project_version()}") in instructions()
 
 
-@pytest.mark.parametrize(("path", "excluded"), [
-    (".git/HEAD", True),
-    (".venv/bin/python", True),
-    (".ci/venv/bin/python", True),
-    ("scanner/__pycache__/main.cpython-312.pyc", True),
-    (".pytest_cache/v/cache/nodeids", True),
-    ("bench/results/run.json", True),
-    ("dist/rbln_device_plugin-0.1.0.tar.gz", True),
-    ("deploy/helm/k8s-device-plugin-chart/values.yaml", True),
-    ("docs/operations.md", True),
-    ("pyproject.toml", False),
-    ("README.md", False),
-    ("supervisor.conf", False),
-    ("shared/cli.py", False),
-    ("shared/deviceplugin/v1beta1/api_pb2.py", False),
-    ("scanner/main.py", False),
-    ("resource_worker/main.py", False),
-    ("kubelet_watchdog/main.py", False),
-    ("simulator/node.py", False),
-    ("protos/generate.py", False),
-])
-def test_dockerignore_keeps_out_only_what_the_wheel_does_not_need(path, excluded):
-    rules = image_context.load_patterns(ROOT / ".dockerignore")
-    assert image_context.excluded(path, rules) is excluded
+def _pins(lock: str) -> dict[str, tuple[Requirement, list[str]]]:
+    """name -> (the pinned requirement with its marker, its hashes) of one lock file."""
+    text = re.sub(r"\\\n\s*", " ", (CONTAINER_DIR / lock).read_text())
+    pins = {}
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            requirement, *options = re.split(r"\s+(?=--hash=)", line)
+            parsed = Requirement(requirement)
+            pins[canonicalize_name(parsed.name)] = (parsed, [o.removeprefix("--hash=") for o in options])
+    return pins
+
+
+def _assert_locked(lock: str, requirements: list[str]) -> None:
+    pins = _pins(lock)
+    for name, (requirement, hashes) in pins.items():
+        (specifier,) = requirement.specifier  # exactly one `==` pin
+        assert specifier.operator == "==", f"{lock}: {requirement} is not pinned"
+        assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{lock}: {name} hashes"
+    for wanted in map(Requirement, requirements):
+        pinned = pins.get(canonicalize_name(wanted.name))
+        assert pinned, f"{lock} lacks {wanted.name}: run `bash deploy/container/lock.sh`"
+        version = next(iter(pinned[0].specifier)).version
+        assert wanted.specifier.contains(version, prereleases=True), (
+            f"{lock} pins {wanted.name}=={version}, outside pyproject.toml's {wanted}: "
+            "run `bash deploy/container/lock.sh`")
+
+
+def test_the_runtime_lock_pins_every_dependency_of_pyproject_within_its_range():
+    _assert_locked("requirements.lock", PYPROJECT["project"]["dependencies"])
+
+
+def test_the_build_lock_pins_pip_and_the_build_backend_within_its_range():
+    _assert_locked("build-requirements.lock", ["pip", *PYPROJECT["build-system"]["requires"]])
+
+
+def test_the_locks_are_what_lock_sh_generates():
+    for lock in ("requirements.lock", "build-requirements.lock"):
+        assert "bash deploy/container/lock.sh" in (CONTAINER_DIR / lock).read_text().splitlines()[1], lock
 
 
 def _make(*args: str) -> str:
@@ -105,9 +145,19 @@ def test_makefile_does_not_push_by_default_and_tags_the_project_version():
     assert f"--tag rebellions/k8s-device-plugin:{project_version()}" in out
 
 
+def test_makefile_passes_a_base_image_only_when_given_one():
+    assert "BASE_IMAGE" not in _make("build")  # the Dockerfile's default stands
+    pinned = "python:3.12-slim@sha256:" + "0" * 64
+    assert f"--build-arg BASE_IMAGE={pinned}" in _make("build", f"BASE_IMAGE={pinned}")
+
+
 def test_makefile_labels_only_the_source_and_revision_it_is_given():
     assert "org.opencontainers.image.source" not in _make("build")
     out = _make("build", "SOURCE_URL=https://git.example/npu/device-plugin", "REVISION=0123abc")
     assert "--label org.opencontainers.image.source=https://git.example/npu/device-plugin" in out
     assert "--label org.opencontainers.image.revision=0123abc" in out
     assert "org.opencontainers.image.revision" not in _make("build", "REVISION=")
+
+
+def test_makefile_lock_target_runs_the_lock_script():
+    assert _make("lock").strip() == f"bash {CONTAINER_DIR / 'lock.sh'}"
