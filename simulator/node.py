@@ -167,8 +167,10 @@ class SimulatedNode:
                 if call["command"] in smi_state.GROUP_CHANGES and (not call["lock_held"] or call["overlap"])]
 
 
-def build_node(root: pathlib.Path, spec: NodeSpec) -> SimulatedNode:
-    """Create the node's files under `root` (created if needed; must not hold a node already)."""
+def build_node(root: pathlib.Path, spec: NodeSpec, smi_python: str = sys.executable) -> SimulatedNode:
+    """Create the node's files under `root` (created if needed; must not hold a node already).
+    `smi_python` runs the rbln-smi stand-in: another interpreter with the simulator package where the
+    node is used from elsewhere, such as a container's own Python when the node is mounted into it."""
     node = SimulatedNode(pathlib.Path(root).absolute(), plan(spec))
     node.root.mkdir(parents=True, exist_ok=True)
     node.sysfs_root.mkdir()  # FileExistsError: never mix two nodes in one dir
@@ -182,7 +184,7 @@ def build_node(root: pathlib.Path, spec: NodeSpec) -> SimulatedNode:
         (node.dev_root / name).touch()
     node.lock_file.touch()
     smi_state.save(str(node.state_dir), _initial_state(node))
-    node.rbln_smi.write_text(_SCRIPT.format(python=sys.executable, root=node.root, project_root=str(_PROJECT_ROOT),
+    node.rbln_smi.write_text(_SCRIPT.format(python=smi_python, root=node.root, project_root=str(_PROJECT_ROOT),
                                             state_dir=str(node.state_dir)))
     node.rbln_smi.chmod(0o755)
     return node

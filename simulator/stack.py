@@ -98,6 +98,11 @@ class StackProcess:
         assert self._proc is not None
         if self._proc.poll() is None:
             self._proc.send_signal(signum)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float = 20.0) -> int:
+        """Wait for the stack to exit by itself (it is killed after `timeout`); returns its exit code."""
+        assert self._proc is not None
         try:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
