@@ -130,11 +130,15 @@ fi
 # --- 3. Image ----------------------------------------------------------------------------------------
 VERSION=$(make --no-print-directory -f deploy/container/Makefile print-image IMAGE_NAME="$IMAGE_NAME" | sed 's/.*://')
 IMAGE=$IMAGE_NAME:$VERSION
+PREVIOUS_IMAGE=$("$DOCKER" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)  # KEEP_IMAGE=1 before
 say "make -f deploy/container/Makefile build BASE_IMAGE=$BASE_IMAGE IMAGE_NAME=$IMAGE_NAME"
 make --no-print-directory -f deploy/container/Makefile build DOCKER="$DOCKER" BASE_IMAGE="$BASE_IMAGE" \
   IMAGE_NAME="$IMAGE_NAME" PLATFORM="linux/$(dpkg --print-architecture)" \
   BUILD_ARGS="--network=host --progress=plain" >"$WORK/build.log" 2>&1 \
   || { tail -40 "$WORK/build.log" >&2; die "the image build failed"; }
+if [ -n "$PREVIOUS_IMAGE" ] && [ "$PREVIOUS_IMAGE" != "$("$DOCKER" image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+  "$DOCKER" image rm "$PREVIOUS_IMAGE" >/dev/null 2>&1 || true  # untagged by the new build
+fi
 say "image $IMAGE: $("$DOCKER" image inspect --format '{{.Size}} bytes, {{len .RootFS.Layers}} layers' "$IMAGE")" \
   "on a base of $("$DOCKER" image inspect --format '{{.Size}} bytes, {{len .RootFS.Layers}} layers' "$BASE_IMAGE");" \
   "$(grep -c '^#[0-9]* CACHED' "$WORK/build.log" || true) build steps from the cache"
@@ -142,5 +146,5 @@ say "image $IMAGE: $("$DOCKER" image inspect --format '{{.Size}} bytes, {{len .R
 # --- 4. Checks ---------------------------------------------------------------------------------------
 say "running the container (deploy/image_checks)"
 RBLN_IMAGE_UNDER_TEST=$IMAGE RBLN_IMAGE_BASE=$BASE_IMAGE RBLN_IMAGE_TEST_LABEL=$$ DOCKER=$DOCKER \
-  "$PYTHON" -m pytest -p no:cacheprovider deploy/image_checks
+  "$PYTHON" -m pytest -p no:cacheprovider -v -s deploy/image_checks
 say "done"
