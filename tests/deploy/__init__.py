@@ -1,4 +1,4 @@
-"""Tests of the deployment material: the chart, the image recipe, the image's entrypoint, the tool fetcher."""
+"""Tests of the deployment material: the chart, the image recipe and its locks, the tool fetcher."""
 
 from __future__ import annotations
 
