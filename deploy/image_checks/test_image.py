@@ -116,7 +116,7 @@ def test_the_image_is_its_base_plus_one_layer_holding_the_stack(image, base_imag
 
 
 LEAN_CHECK = f"""
-import glob, os, shutil, sys
+import glob, shutil
 found = []
 venv = {IMAGE_VENV!r}
 for pattern in ("/src", "/wheels", "/locks", "/opt/build", "/root/.cache", venv + "/bin/pip*",
