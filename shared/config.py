@@ -63,6 +63,25 @@ def _endpoint(text: str) -> str:
     return text.strip()
 
 
+# The spellings Go's strconv.ParseBool reads, which the original plugin took for its boolean flag.
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean flag's value, as Go reads it: no other spelling, no surrounding space."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("not a boolean (true, false, 1, 0, t, f, in Go's spellings)")
+
+
+def _env_bool(text: str) -> bool:
+    """A boolean variable: as its flag, and empty for false (as the original read an empty variable)."""
+    return parse_bool(text) if text else False
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     field: str
@@ -71,6 +90,8 @@ class Option:
     default: str
     parse: Callable[[str], Any]
     help: str
+    # A boolean flag may be given bare (`--flag`), which means true.
+    boolean: bool = False
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -84,6 +105,9 @@ OPTIONS: tuple[Option, ...] = (
            "how often devices and their health are rescanned (Go duration: 500ms, 5s, 1m)"),
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "", _endpoint,
            "OTLP gRPC endpoint for allocation traces (host:port insecure, https://... TLS); empty disables"),
+    Option("use_generic_resource_name", "--use-generic-resource-name", "USE_GENERIC_RESOURCE_NAME", "true",
+           _env_bool, "accepted for the original plugin's command line; the resource names are always the "
+           "generic ones, and false only logs a warning", boolean=True),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys", _path, "root of the sysfs tree"),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev", _path, "where device nodes are looked up"),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI", "", _optional_path,
@@ -105,6 +129,7 @@ class Settings:
     healthcheck_port: int
     device_scan_interval: float
     otlp_endpoint: str
+    use_generic_resource_name: bool
     sysfs_root: pathlib.Path
     dev_root: pathlib.Path
     rbln_smi: pathlib.Path | None
@@ -142,6 +167,7 @@ class Settings:
             "healthcheckPort": self.healthcheck_port,
             "deviceScanInterval": format_duration(self.device_scan_interval),
             "otlpEndpoint": self.otlp_endpoint,
+            "useGenericResourceName": self.use_generic_resource_name,
             "sysfsRoot": str(self.sysfs_root),
             "devRoot": str(self.dev_root),
             "rblnSmi": str(self.rbln_smi) if self.rbln_smi else "",

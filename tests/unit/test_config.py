@@ -35,6 +35,7 @@ def test_defaults_follow_the_contract():
     assert settings.healthcheck_port == 51515
     assert settings.device_scan_interval == 5.0
     assert settings.otlp_endpoint == ""
+    assert settings.use_generic_resource_name is True
     assert settings.sysfs_root == pathlib.Path("/sys")
     assert settings.dev_root == pathlib.Path("/dev")
     assert settings.rbln_smi is None
@@ -54,7 +55,21 @@ def test_environment_overrides_and_empty_values():
     assert settings.node_name  # falls back to the host name
 
 
+@pytest.mark.parametrize("text,value", [
+    ("true", True), ("True", True), ("TRUE", True), ("t", True), ("T", True), ("1", True),
+    ("false", False), ("False", False), ("FALSE", False), ("f", False), ("F", False), ("0", False),
+    ("", False),  # set but empty: false, as the original read it
+])
+def test_use_generic_resource_name_reads_go_booleans(text, value):
+    settings = Settings.from_environ({"USE_GENERIC_RESOURCE_NAME": text})
+    assert settings.use_generic_resource_name is value
+    assert settings.log_fields()["useGenericResourceName"] is value
+
+
 @pytest.mark.parametrize("env,value,fragment", [
+    ("USE_GENERIC_RESOURCE_NAME", "yes", "not a boolean"),
+    ("USE_GENERIC_RESOURCE_NAME", " true", "not a boolean"),
+    ("USE_GENERIC_RESOURCE_NAME", "tRuE", "not a boolean"),
     ("DEVICE_SCAN_INTERVAL", "5", "missing unit"),
     ("DEVICE_SCAN_INTERVAL", "0s", "must be positive"),
     ("HEALTHCHECK_PORT", "http", "not an integer"),
