@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -42,11 +43,26 @@ def _optional_path(text: str) -> pathlib.Path | None:
     return pathlib.Path(text) if text else None
 
 
-def _port(text: str) -> int:
+# Go's integer literals, as strconv.ParseInt(text, 0, 64) reads the original's port: decimal, 0x hex,
+# 0o or a bare leading 0 octal, 0b binary, `_` between digits (Python's int checks where `_` may go).
+_GO_INTEGER = re.compile(r"[+-]?(0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+|0[0-7_]*|[1-9][0-9_]*)")
+
+
+def _go_integer(text: str) -> int:
+    if not _GO_INTEGER.fullmatch(text):
+        raise ValueError("not an integer")
+    sign = -1 if text[0] == "-" else 1
+    digits = text.lstrip("+-")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXoObB":
+        digits = "0o" + digits[1:]
     try:
-        port = int(text.strip())
+        return sign * int(digits, 0)
     except ValueError:
         raise ValueError("not an integer") from None
+
+
+def _port(text: str) -> int:
+    port = _go_integer(text.strip())
     if port > 65535:
         raise ValueError("above 65535")
     return port

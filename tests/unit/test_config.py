@@ -55,6 +55,21 @@ def test_environment_overrides_and_empty_values():
     assert settings.node_name  # falls back to the host name
 
 
+# What the original's flag package made of these (checked against Go's strconv.ParseInt(text, 0, 64)).
+@pytest.mark.parametrize("text,port", [
+    ("51515", 51515), ("-1", -1), ("+5", 5), ("0", 0), ("0x1F90", 8080), ("0o17", 15), ("010", 8),
+    ("0_10", 8), ("1_0", 10), ("0b101", 5), ("0x_1f", 31), ("-0x10", -16), (" 9090 ", 9090),
+])
+def test_healthcheck_port_reads_go_integers(text, port):
+    assert Settings.from_environ({"HEALTHCHECK_PORT": text}).healthcheck_port == port
+
+
+@pytest.mark.parametrize("text", ["08080", "1__0", "_1", "1_", "0x", "0o", "1e3", "0b2", "+-1", "\u0663", ""])
+def test_healthcheck_port_refuses_what_go_refuses(text):
+    with pytest.raises(ConfigError, match="HEALTHCHECK_PORT.*not an integer"):
+        Settings.from_environ({"HEALTHCHECK_PORT": text})
+
+
 @pytest.mark.parametrize("text,value", [
     ("true", True), ("True", True), ("TRUE", True), ("t", True), ("T", True), ("1", True),
     ("false", False), ("False", False), ("FALSE", False), ("f", False), ("F", False), ("0", False),
