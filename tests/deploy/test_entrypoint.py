@@ -9,7 +9,9 @@ found in the development environment.
 
 The ENTRYPOINT argv and the ENV of the image are read from the Dockerfile's final stage, the argv
 resolved through PATH as a container runtime does, and started from a directory outside the source
-tree against a simulated node, with the kubelet simulator listening on the node's kubelet.sock.
+tree against a simulated node, with the kubelet simulator listening on the node's kubelet.sock. So is
+the command the original plugin's DaemonSet gives instead (`rbln-device-plugin`, no subcommand), with
+the environment its chart sets or with its flags.
 """
 
 from __future__ import annotations
@@ -130,10 +132,10 @@ def test_the_installed_wheel_imports_from_the_venv_only(installed_image, contain
     assert [pathlib.Path(f).is_relative_to(site_packages) for f in probe.stdout.split()] == [True] * len(PACKAGES)
 
 
-def test_entrypoint_execs_supervisord_which_serves_the_kubelet_and_stops_on_sigterm(
-        installed_image, container_dir, node, kubelet):
-    environ = {**installed_image.environment(container_dir), **node.env("200ms"), "NODE_NAME": "entrypoint-node"}
-    stack = StackProcess(environ, command=image_context.image_entrypoint(), cwd=container_dir).start()
+def _serves_as_supervisord_and_stops_on_sigterm(stack: StackProcess, installed_image: InstalledImage,
+                                               node: SimulatedNode, kubelet: KubeletSimulator) -> list[dict]:
+    """The started command became supervisord, on the installed copy's config, and its stack served the
+    kubelet until SIGTERM stopped all of it cleanly. Returns the startup records."""
     try:
         kubelet.wait_for_devices(NPU, {"rbln0": "Healthy", "rbln1": "Healthy"}, timeout=30)
         starts = stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
@@ -163,3 +165,57 @@ def test_entrypoint_execs_supervisord_which_serves_the_kubelet_and_stops_on_sigt
     assert {r["process"] for r in stack.find("Shutdown signal received", signal="SIGTERM")} == PROGRAMS
     assert not [pid for pid in programs if pathlib.Path(f"/proc/{pid}").exists()]
     assert not [r for r in stack.records if r["level"] == "error"]
+    return starts
+
+
+def test_entrypoint_execs_supervisord_which_serves_the_kubelet_and_stops_on_sigterm(
+        installed_image, container_dir, node, kubelet):
+    environ = {**installed_image.environment(container_dir), **node.env("200ms"), "NODE_NAME": "entrypoint-node"}
+    stack = StackProcess(environ, command=image_context.image_entrypoint(), cwd=container_dir).start()
+    _serves_as_supervisord_and_stops_on_sigterm(stack, installed_image, node, kubelet)
+
+
+# The original plugin's DaemonSet: `command: ["rbln-device-plugin"]`, which replaces the image's
+# ENTRYPOINT, and the environment its chart sets (here with the simulated node's paths).
+ORIGINAL_COMMAND = ["rbln-device-plugin"]
+
+
+def _original_chart_environment(node: SimulatedNode) -> dict[str, str]:
+    return {"CDI_ROOT": str(node.cdi_root), "KUBELET_DEVICE_PLUGIN_PATH": str(node.plugin_dir),
+            "USE_GENERIC_RESOURCE_NAME": "true", "HEALTHCHECK_PORT": "-1", "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info",
+            "RBLN_DEVICE_PLUGIN_LOG_FORMAT": "json", "NODE_NAME": "original-node"}
+
+
+def test_the_originals_command_with_its_environment_runs_the_stack(installed_image, container_dir, node, kubelet):
+    environ = {**installed_image.environment(container_dir), **node.env("200ms"), **_original_chart_environment(node)}
+    stack = StackProcess(environ, command=ORIGINAL_COMMAND, cwd=container_dir).start()
+    starts = _serves_as_supervisord_and_stops_on_sigterm(stack, installed_image, node, kubelet)
+    assert {(r["nodeName"], r["useGenericResourceName"], r["logLevel"], r["logFormat"]) for r in starts} == {
+        ("original-node", True, "info", "json")}
+
+
+def test_the_originals_command_with_its_flags_in_every_form_runs_the_stack(installed_image, container_dir, node,
+                                                                           kubelet):
+    # The environment points elsewhere: the flags win, as in the original.
+    elsewhere = container_dir / "elsewhere"
+    environ = {**installed_image.environment(container_dir), **node.env("5s"), **_original_chart_environment(node),
+               "CDI_ROOT": str(elsewhere / "cdi"), "KUBELET_DEVICE_PLUGIN_PATH": str(elsewhere / "plugins"),
+               "USE_GENERIC_RESOURCE_NAME": "false", "HEALTHCHECK_PORT": "1"}
+    flags = (f"--cdi-root={node.cdi_root}", "-kubelet-device-plugin-path", str(node.plugin_dir),
+             "--healthcheck-port", "-1", "-device-scan-interval=200ms", "--otlp-endpoint=",
+             "-use-generic-resource-name")
+    stack = StackProcess(environ, extra_args=flags, command=ORIGINAL_COMMAND, cwd=container_dir).start()
+    starts = _serves_as_supervisord_and_stops_on_sigterm(stack, installed_image, node, kubelet)
+    assert {(r["cdiRoot"], r["kubeletDevicePluginPath"], r["healthcheckPort"], r["deviceScanInterval"],
+             r["useGenericResourceName"]) for r in starts} == {
+        (str(node.cdi_root), str(node.plugin_dir), -1, "200ms", True)}
+    assert not elsewhere.exists()
+
+
+def test_the_originals_command_with_a_bad_flag_stops_with_one_line(installed_image, container_dir, node):
+    environ = {**installed_image.environment(container_dir), **node.env("200ms")}
+    result = subprocess.run([*ORIGINAL_COMMAND, "--use-generic-resource-name", "false"], env=environ,
+                            cwd=container_dir, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("rbln-device-plugin: arguments not supported: false") \
+        and result.stderr.count("\n") == 1
