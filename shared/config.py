@@ -112,7 +112,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi", _path,
-           "CDI spec directory; stale transient specs are removed at start"),
+           "CDI spec directory; stale transient specs are removed at start and when the kubelet restarts"),
     Option("kubelet_device_plugin_path", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
            "/var/lib/kubelet/device-plugins", _path, "kubelet device plugin socket directory"),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515", _port,
