@@ -190,14 +190,13 @@ done
 check "helm package builds the chart archive" "$HELM" package "$CHART" --destination "$WORK/package"
 
 echo "== values schema refuses wrong values"
-must_fail "healthcheckPort=abc (string for an integer)" \
-  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.healthcheckPort=abc
-must_fail "healthcheckPort as a string \"51515\"" \
-  "$HELM" template "$RELEASE" "$CHART" --set-string devicePlugin.healthcheckPort=51515
-must_fail "healthcheckPort=0 (probes need a fixed port)" \
-  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.healthcheckPort=0
+PORT=devicePlugin.containers.plugin.healthcheckPort
+must_fail "healthcheckPort=abc (not a number)" \
+  "$HELM" template "$RELEASE" "$CHART" --set "$PORT=abc"
+must_fail "healthcheckPort=1.5 (not a whole number)" \
+  "$HELM" template "$RELEASE" "$CHART" --set "$PORT=1.5"
 must_fail "healthcheckPort=70000 (above 65535)" \
-  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.healthcheckPort=70000
+  "$HELM" template "$RELEASE" "$CHART" --set "$PORT=70000"
 must_fail "logging.level=verbose (not error|warning|warn|info|debug)" \
   "$HELM" template "$RELEASE" "$CHART" --set logging.level=verbose
 must_fail "logging.format=xml (not json|text)" \
@@ -206,16 +205,20 @@ must_fail "scanInterval=5 (a number, not a Go duration)" \
   "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.scanInterval=5
 must_fail "scanInterval=\"5\" (a duration without a unit)" \
   "$HELM" template "$RELEASE" "$CHART" --set-string devicePlugin.scanInterval=5
-must_fail "updateStrategy.maxSurge=1 (a device plugin must not surge)" \
-  "$HELM" template "$RELEASE" "$CHART" --set updateStrategy.maxSurge=1
+must_fail "useGenericResourceName=yes (not a Go boolean)" \
+  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.useGenericResourceName=yes
+must_fail "updateStrategy.rollingUpdate.maxSurge=1 (a device plugin must not surge)" \
+  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.updateStrategy.rollingUpdate.maxSurge=1
 must_fail "terminationGracePeriodSeconds=5 (below 15)" \
   "$HELM" template "$RELEASE" "$CHART" --set terminationGracePeriodSeconds=5
-must_fail "paths.cdiRoot=relative/dir (not absolute)" \
-  "$HELM" template "$RELEASE" "$CHART" --set paths.cdiRoot=relative/dir
+must_fail "devicePlugin.cdiRoot=relative/dir (not absolute)" \
+  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.cdiRoot=relative/dir
 must_fail "partitionReadyGate.enabled=yes (not a boolean)" \
   "$HELM" template "$RELEASE" "$CHART" --set partitionReadyGate.enabled=yes
-must_fail "misspelt key devicePlugin.healtcheckPort" \
-  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.healtcheckPort=1
+must_fail "misspelt key devicePlugin.containers.plugin.healtcheckPort" \
+  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.containers.plugin.healtcheckPort=1
+must_fail "top-level nodeSelector (the setting is devicePlugin.nodeSelector)" \
+  "$HELM" template "$RELEASE" "$CHART" --set nodeSelector.pool=npu
 
 # --- Examples --------------------------------------------------------------------------------------
 echo "== examples"

@@ -13,6 +13,7 @@ from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, liveness, readine
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.supervisor_control import (Supervisor, SupervisorError, SupervisorStopping, connect,
                                                  server_url)
+from scanner.cdi import remove_stale_specs
 from shared import runtime_status
 from shared.config import Settings
 from shared.process import ShutdownSignal, start_process
@@ -79,6 +80,9 @@ class Watchdog:
     def _restart_workers(self) -> None:
         logger.info("Detected kubelet socket recreation; restarting device plugins",
                     path=str(self._settings.kubelet_socket))
+        # The device plugins start afresh, as at the stack's start, and so does the CDI root: leftover
+        # transient specs go again. Here, not in the scanner, which a kubelet restart does not restart.
+        remove_stale_specs(self._settings.cdi_root)
         try:
             self._supervisor.restart(WORKERS)
         except SupervisorStopping:

@@ -73,7 +73,9 @@ def card_key(sid: str, parent_pf: str | None) -> str | None:
         # A VF's SID may be blank or copied from its PF; the PF address is what groups VFs.
         return "pf:" + parent_pf.strip().lower()
     sid = (sid or "").strip()
-    if sid.lower() in _INVALID_SIDS or set(sid) <= set("0-:. "):
+    # All zeros is no SID, however it is written: `0000…`, `0000-00…`, `0x0000…`.
+    digits = sid[2:] if sid[:2].lower() == "0x" else sid
+    if sid.lower() in _INVALID_SIDS or set(digits) <= set("0-:. "):
         return None
     return "sid:" + sid
 

@@ -44,7 +44,19 @@ class ScanReporter:
                      resources={r.value: len(d) for r, d in result.inventories.items() if d})
 
 
+def warn_if_legacy_names_asked_for(settings: Settings) -> None:
+    """USE_GENERIC_RESOURCE_NAME=false asked the original for per-product resource names; there are none here.
+
+    The scanner is the process that names the resources, so it alone warns: once when the stack starts
+    (again only if the scanner itself is restarted), not once per process. Every process shows the
+    setting in its startup record."""
+    if not settings.use_generic_resource_name:
+        logger.warning("Legacy resource names are not supported; advertising the generic names",
+                       useGenericResourceName=False, resourceNames=[resource.value for resource in Resource])
+
+
 def run(settings: Settings, shutdown: ShutdownSignal) -> None:
+    warn_if_legacy_names_asked_for(settings)
     ensure_private_dir(settings.run_dir)
     remove_stale_specs(settings.cdi_root)
     smi = RblnSmi(settings.rbln_smi)

@@ -19,8 +19,13 @@ class _StderrParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from shared.launcher import add_run_flags
 
+    from shared.original_cli import ORIGINAL_FLAGS
+
     parser = _StderrParser(prog="rbln-device-plugin",
-                           description="Kubernetes device plugin for Rebellions NPUs.")
+                           description="Kubernetes device plugin for Rebellions NPUs.",
+                           epilog="Without a command, or with only the original plugin's flags "
+                                  f"({', '.join(ORIGINAL_FLAGS)}, in Go's -flag, --flag=value and "
+                                  "--flag value forms), it runs the stack as `run` does.")
     parser.add_argument("--version", action="version", version=f"rbln-device-plugin {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_StderrParser)
 
@@ -46,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    from shared import original_cli
+
+    if original_cli.applies(argv):
+        original_cli.run_command_line(argv, build_parser)
+        return
     args = build_parser().parse_args(argv)
     if args.command == "run":
         from shared.launcher import run

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -42,11 +43,26 @@ def _optional_path(text: str) -> pathlib.Path | None:
     return pathlib.Path(text) if text else None
 
 
-def _port(text: str) -> int:
+# Go's integer literals, as strconv.ParseInt(text, 0, 64) reads the original's port: decimal, 0x hex,
+# 0o or a bare leading 0 octal, 0b binary, `_` between digits (Python's int checks where `_` may go).
+_GO_INTEGER = re.compile(r"[+-]?(0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+|0[0-7_]*|[1-9][0-9_]*)")
+
+
+def _go_integer(text: str) -> int:
+    if not _GO_INTEGER.fullmatch(text):
+        raise ValueError("not an integer")
+    sign = -1 if text[0] == "-" else 1
+    digits = text.lstrip("+-")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] not in "xXoObB":
+        digits = "0o" + digits[1:]
     try:
-        port = int(text.strip())
+        return sign * int(digits, 0)
     except ValueError:
         raise ValueError("not an integer") from None
+
+
+def _port(text: str) -> int:
+    port = _go_integer(text.strip())
     if port > 65535:
         raise ValueError("above 65535")
     return port
@@ -63,6 +79,25 @@ def _endpoint(text: str) -> str:
     return text.strip()
 
 
+# The spellings Go's strconv.ParseBool reads, which the original plugin took for its boolean flag.
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean flag's value, as Go reads it: no other spelling, no surrounding space."""
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("not a boolean (true, false, 1, 0, t, f, in Go's spellings)")
+
+
+def _env_bool(text: str) -> bool:
+    """A boolean variable: as its flag, and empty for false (as the original read an empty variable)."""
+    return parse_bool(text) if text else False
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     field: str
@@ -71,11 +106,13 @@ class Option:
     default: str
     parse: Callable[[str], Any]
     help: str
+    # A boolean flag may be given bare (`--flag`), which means true.
+    boolean: bool = False
 
 
 OPTIONS: tuple[Option, ...] = (
     Option("cdi_root", "--cdi-root", "CDI_ROOT", "/var/run/cdi", _path,
-           "CDI spec directory; stale transient specs are removed at start"),
+           "CDI spec directory; stale transient specs are removed at start and when the kubelet restarts"),
     Option("kubelet_device_plugin_path", "--kubelet-device-plugin-path", "KUBELET_DEVICE_PLUGIN_PATH",
            "/var/lib/kubelet/device-plugins", _path, "kubelet device plugin socket directory"),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515", _port,
@@ -84,6 +121,9 @@ OPTIONS: tuple[Option, ...] = (
            "how often devices and their health are rescanned (Go duration: 500ms, 5s, 1m)"),
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "", _endpoint,
            "OTLP gRPC endpoint for allocation traces (host:port insecure, https://... TLS); empty disables"),
+    Option("use_generic_resource_name", "--use-generic-resource-name", "USE_GENERIC_RESOURCE_NAME", "true",
+           _env_bool, "accepted for the original plugin's command line; the resource names are always the "
+           "generic ones, and false only logs a warning", boolean=True),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys", _path, "root of the sysfs tree"),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev", _path, "where device nodes are looked up"),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI", "", _optional_path,
@@ -105,6 +145,7 @@ class Settings:
     healthcheck_port: int
     device_scan_interval: float
     otlp_endpoint: str
+    use_generic_resource_name: bool
     sysfs_root: pathlib.Path
     dev_root: pathlib.Path
     rbln_smi: pathlib.Path | None
@@ -142,6 +183,7 @@ class Settings:
             "healthcheckPort": self.healthcheck_port,
             "deviceScanInterval": format_duration(self.device_scan_interval),
             "otlpEndpoint": self.otlp_endpoint,
+            "useGenericResourceName": self.use_generic_resource_name,
             "sysfsRoot": str(self.sysfs_root),
             "devRoot": str(self.dev_root),
             "rblnSmi": str(self.rbln_smi) if self.rbln_smi else "",

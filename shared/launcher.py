@@ -20,7 +20,8 @@ PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         if option.flag:
-            parser.add_argument(option.flag, dest=option.field, metavar=option.env,
+            bare = {"nargs": "?", "const": "true"} if option.boolean else {}
+            parser.add_argument(option.flag, dest=option.field, metavar=option.env, **bare,
                                 help=f"{option.help} (env {option.env}, default {option.default or 'empty'})")
 
 

@@ -139,6 +139,16 @@ def text_line(fields: Mapping[str, Any]) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class LogSetup:
+    """What `setup` installed: the level and format in use (the stream's names), and the settings
+    that fell back to their defaults, not yet logged."""
+
+    level: str
+    format: str
+    fallbacks: list[Fallback]
+
+
+@dataclasses.dataclass(frozen=True)
 class Fallback:
     """A logging setting that could not be used; the default it fell back to is in `fields`."""
 
@@ -184,10 +194,10 @@ class _StdlibBridge(logging.Handler):
 
 
 def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
-          rotate_bytes: int = ROTATE_BYTES, keep_rotated: int = KEEP_ROTATED) -> list[Fallback]:
+          rotate_bytes: int = ROTATE_BYTES, keep_rotated: int = KEEP_ROTATED) -> LogSetup:
     """Install the stream (and the log file) for `process`.
 
-    Returns the settings that fell back to their defaults, not yet logged: the
+    The settings that fell back to their defaults are returned, not yet logged: the
     caller logs them after its startup record, which must be the process's first.
     """
     environ = os.environ if environ is None else environ
@@ -233,4 +243,4 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
 
     logging.basicConfig(handlers=[_StdlibBridge()], level=logging.DEBUG if with_caller else logging.INFO,
                         force=True)
-    return fallbacks
+    return LogSetup(level, log_format, fallbacks)

@@ -35,19 +35,21 @@ def start_process(process: str, environ: Mapping[str, str] | None = None, **star
     """Install logging, read the configuration and log the startup record; exit 2 on bad config.
 
     Logging settings that fell back to their defaults are reported right after the
-    first record, which names the process and its configuration.
+    first record, which names the process and its configuration, the level and
+    format in use among it.
     """
-    fallbacks = log.setup(process, environ)
+    logging = log.setup(process, environ)
     try:
         settings = Settings.from_environ(environ)
     except ConfigError as exc:
         logger.error("Invalid configuration", err=str(exc))
-        for fallback in fallbacks:
+        for fallback in logging.fallbacks:
             fallback.log()
         print(f"rbln-device-plugin {process}: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    logger.info("Starting rbln-device-plugin", version=VERSION, **startup_fields, **settings.log_fields())
-    for fallback in fallbacks:
+    logger.info("Starting rbln-device-plugin", version=VERSION, logLevel=logging.level, logFormat=logging.format,
+                **startup_fields, **settings.log_fields())
+    for fallback in logging.fallbacks:
         fallback.log()
     return settings
 

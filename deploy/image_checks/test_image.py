@@ -18,6 +18,7 @@ The tests on the running container share one container and run in file order: th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,7 +29,7 @@ import tempfile
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import yaml
@@ -241,26 +242,39 @@ def kubelet(node) -> Iterator[KubeletSimulator]:
         yield simulator
 
 
-@pytest.fixture(scope="module")
-def container(image, chart, node, kubelet) -> Iterator[Container]:
-    run_dir = chart.env["RBLN_DEVICE_PLUGIN_RUN_DIR"]
-    # The chart's settings (log level and format, health port, scan interval, run dir) with the node's paths.
-    environment = {**{k: v for k, v in chart.env.items() if k not in node.env()},
-                   **node.env(chart.env["DEVICE_SCAN_INTERVAL"]),
-                   "HEALTHCHECK_PORT": chart.env["HEALTHCHECK_PORT"],
-                   "RBLN_DEVICE_PLUGIN_RUN_DIR": run_dir, "NODE_NAME": "image-test-node"}
+@contextlib.contextmanager
+def running_container(image: str, node: SimulatedNode, environment: dict[str, str], run_dir: str,
+                      entrypoint: Sequence[str] = ()) -> Iterator[Container]:
+    """`docker run` of the image on the node, attached; `entrypoint` replaces the image's as a pod's
+    `command:` does (its first word the program, the rest its arguments)."""
     name = f"rbln-image-test-{uuid.uuid4().hex[:8]}"
     command = [DOCKER, "run", "--name", name, "--label", LABEL, "--network", "none",
                "--mount", f"type=bind,source={node.root},target={node.root}",
                "--mount", f"type=bind,source={node.sysfs_root},target={node.sysfs_root},readonly",
                "--mount", f"type=tmpfs,target={run_dir},tmpfs-size=16m",
-               *[arg for key, value in environment.items() for arg in ("--env", f"{key}={value}")], image]
+               *[arg for key, value in environment.items() for arg in ("--env", f"{key}={value}")],
+               *(("--entrypoint", entrypoint[0]) if entrypoint else ()), image, *entrypoint[1:]]
     process = StackProcess({"PATH": os.environ["PATH"]}, command=command).start()
     try:
         yield Container(name, process)
     finally:
         docker("rm", "--force", name, check=False)
         process.stop()
+
+
+def _chart_environment(chart: ChartContainer, node: SimulatedNode) -> dict[str, str]:
+    """The chart's settings (log level and format, health port, scan interval, run dir) with the node's paths."""
+    return {**{k: v for k, v in chart.env.items() if k not in node.env()},
+            **node.env(chart.env["DEVICE_SCAN_INTERVAL"]),
+            "HEALTHCHECK_PORT": chart.env["HEALTHCHECK_PORT"],
+            "RBLN_DEVICE_PLUGIN_RUN_DIR": chart.env["RBLN_DEVICE_PLUGIN_RUN_DIR"], "NODE_NAME": "image-test-node"}
+
+
+@pytest.fixture(scope="module")
+def container(image, chart, node, kubelet) -> Iterator[Container]:
+    with running_container(image, node, _chart_environment(chart, node),
+                           chart.env["RBLN_DEVICE_PLUGIN_RUN_DIR"]) as running:
+        yield running
 
 
 def test_supervisord_is_pid_1(container):
@@ -372,3 +386,21 @@ def test_stdout_carried_json_records_only(container):
 def test_stderr_had_no_crit_line(container):
     # CRIT is where alerting on logs starts: a clean start and stop must not reach it.
     assert [line for line in container.process.stderr_lines if " CRIT " in line] == []
+
+
+def test_the_originals_command_line_runs_the_stack_in_the_image(image, chart, node, kubelet):
+    """The original's DaemonSet replaces the entrypoint with `command: ["rbln-device-plugin"]` and passes
+    its settings as flags: the same stack comes up, supervisord as PID 1, and stops cleanly."""
+    registrations = {resource: state.registrations for resource, state in kubelet.resources().items()}
+    flags = (f"--kubelet-device-plugin-path={node.plugin_dir}", "-cdi-root", str(node.cdi_root),
+             "--healthcheck-port", chart.env["HEALTHCHECK_PORT"], "-use-generic-resource-name")
+    with running_container(image, node, _chart_environment(chart, node), chart.env["RBLN_DEVICE_PLUGIN_RUN_DIR"],
+                           entrypoint=("rbln-device-plugin", *flags)) as original:
+        original.process.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS), timeout=60)
+        assert original.exec("cat", "/proc/1/cmdline").stdout.split("\0")[2:4] == ["supervisor.supervisord", "-n"]
+        for resource in registrations:
+            kubelet.wait_for(lambda k, r=resource: k.resources()[r].registrations > registrations[r], timeout=60,
+                             what=f"{resource} to register from the original's command line")
+        docker("stop", "--time", str(int(STOP_BUDGET_SECONDS)), original.name, timeout=STOP_BUDGET_SECONDS + 30)
+        assert (original.process.wait(timeout=30), original.state()["ExitCode"]) == (0, 0)
+    assert [line for line in original.process.raw_lines if not _is_record(line)] == []

@@ -19,9 +19,14 @@ from tests.deploy import ROOT, load_deploy_module, project_version
 
 CHART = ROOT / "deploy" / "helm" / "k8s-device-plugin-chart"
 CI_VALUES = sorted((ROOT / "deploy" / "helm" / "ci-values").glob("*.yaml"))
+# The original Go plugin's chart values: all at their defaults, and all set (deploy/helm/ci-values/).
+ORIGINAL_DEFAULTS = ROOT / "deploy/helm/ci-values/original-defaults.yaml"
+ORIGINAL_EVERY_KEY = ROOT / "deploy/helm/ci-values/original-every-key.yaml"
 RELEASE = "k8s-device-plugin"
 NAMESPACE = "rbln-system"
-CONTAINER = "rbln-device-plugin"
+# As the original chart names them: the chart's name, not the release's, and its one container.
+FULLNAME = "k8s-device-plugin-chart"
+CONTAINER = "plugin"
 
 
 tools = load_deploy_module("tools")
@@ -116,6 +121,7 @@ def mounts_of(*sets: str, **kwargs) -> dict:
 DEFAULT_ENV = {
     "CDI_ROOT": "/var/run/cdi",
     "KUBELET_DEVICE_PLUGIN_PATH": "/var/lib/kubelet/device-plugins",
+    "USE_GENERIC_RESOURCE_NAME": "true",
     "HEALTHCHECK_PORT": "51515",
     "DEVICE_SCAN_INTERVAL": "5s",
     "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info",
@@ -142,25 +148,37 @@ def test_default_render_is_a_serviceaccount_and_a_daemonset_in_the_release_names
 
 def test_standard_labels_and_a_selector_matching_the_pod_template():
     ds = daemonset()
+    assert ds["metadata"]["name"] == FULLNAME
     labels = ds["metadata"]["labels"]
-    assert labels["app.kubernetes.io/name"] == "rbln-device-plugin"
+    assert labels["app.kubernetes.io/name"] == FULLNAME
     assert labels["app.kubernetes.io/instance"] == RELEASE
     assert labels["app.kubernetes.io/managed-by"] == "Helm"
     assert labels["helm.sh/chart"].startswith("k8s-device-plugin-chart-")
     selector = ds["spec"]["selector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": FULLNAME, "app.kubernetes.io/instance": RELEASE}
     assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_pod_labels_are_added_but_cannot_unmatch_the_selector():
+    ds = daemonset("podLabels.team=npu", "podLabels.app\\.kubernetes\\.io/name=other")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "npu" and labels["app.kubernetes.io/name"] == FULLNAME
+    assert manifest_checks.problems([ds]) == []
 
 
 def test_scheduling_node_selector_priority_tolerations_and_grace_period():
     spec = pod_spec()
     assert spec["nodeSelector"] == {"rebellions.ai/npu.present": "true"}
     assert spec["priorityClassName"] == "system-node-critical"
-    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in spec["tolerations"]
     assert spec["terminationGracePeriodSeconds"] >= 15
-    assert "affinity" not in spec
-    custom = pod_spec("nodeSelector.pool=npu", "priorityClassName=", "terminationGracePeriodSeconds=20")
+    for key in ("tolerations", "affinity", "securityContext"):
+        assert key not in spec
+    custom = pod_spec("devicePlugin.nodeSelector.pool=npu", "devicePlugin.priorityClassName=",
+                      "devicePlugin.tolerations[0].key=rebellions.ai/npu",
+                      "devicePlugin.tolerations[0].operator=Exists", "terminationGracePeriodSeconds=20")
     assert custom["nodeSelector"] == {"rebellions.ai/npu.present": "true", "pool": "npu"}
     assert "priorityClassName" not in custom
+    assert custom["tolerations"] == [{"key": "rebellions.ai/npu", "operator": "Exists"}]
     assert custom["terminationGracePeriodSeconds"] == 20
 
 
@@ -172,14 +190,19 @@ def test_affinity_from_values():
 def test_rolling_update_one_at_a_time_and_never_a_surge():
     strategy = daemonset()["spec"]["updateStrategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
-    assert daemonset("updateStrategy.type=OnDelete")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert daemonset("devicePlugin.updateStrategy.type=OnDelete")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    wider = daemonset(strings=("devicePlugin.updateStrategy.rollingUpdate.maxUnavailable=25%",
+                               "devicePlugin.updateStrategy.rollingUpdate.maxSurge=0%"))
+    assert wider["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "25%", "maxSurge": 0}
 
 
 def test_privileged_container_running_the_image_entrypoint():
     container = plugin_container()
-    assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"] == {"privileged": True}
     # No command/args: the image's ENTRYPOINT ["rbln-device-plugin", "run"] runs, so supervisord is PID 1.
     assert "command" not in container and "args" not in container
+    assert daemonset()["spec"]["template"]["metadata"]["annotations"] == {
+        "kubectl.kubernetes.io/default-container": CONTAINER}
 
 
 def test_image_defaults_to_the_chart_app_version_which_is_the_project_version():
@@ -197,10 +220,10 @@ def test_image_defaults_to_the_chart_app_version_which_is_the_project_version():
 
 
 def test_resources_from_values():
-    resources = plugin_container()["resources"]
-    assert resources["requests"] == {"cpu": "100m", "memory": "256Mi"}
-    assert resources["limits"] == {"memory": "512Mi"}
-    assert plugin_container("resources.limits.cpu=1")["resources"]["limits"]["cpu"] == 1
+    assert "resources" not in plugin_container()
+    resources = plugin_container("devicePlugin.containers.plugin.resources.requests.memory=256Mi",
+                                 "devicePlugin.containers.plugin.resources.limits.cpu=1")["resources"]
+    assert resources == {"requests": {"memory": "256Mi"}, "limits": {"cpu": 1}}
 
 
 # --- Environment: every setting of the contract's table ----------------------------------------------
@@ -211,15 +234,20 @@ def test_default_environment_is_the_contract_defaults():
 
 @pytest.mark.parametrize(("value", "setting", "variable", "expected"), [
     ("devicePlugin.scanInterval", "1m30s", "DEVICE_SCAN_INTERVAL", "1m30s"),
-    ("devicePlugin.healthcheckPort", "9090", "HEALTHCHECK_PORT", "9090"),
-    ("devicePlugin.healthcheckPort", "-1", "HEALTHCHECK_PORT", "-1"),
+    ("devicePlugin.containers.plugin.healthcheckPort", "9090", "HEALTHCHECK_PORT", "9090"),
+    ("devicePlugin.containers.plugin.healthcheckPort", "-1", "HEALTHCHECK_PORT", "-1"),
+    ("devicePlugin.containers.plugin.healthcheckPort", "0", "HEALTHCHECK_PORT", "0"),
+    ("devicePlugin.useGenericResourceName", "false", "USE_GENERIC_RESOURCE_NAME", "false"),
     ("devicePlugin.otlpEndpoint", "collector.obs:4317", "OTEL_EXPORTER_OTLP_ENDPOINT", "collector.obs:4317"),
     ("logging.level", "debug", "RBLN_DEVICE_PLUGIN_LOG_LEVEL", "debug"),
     ("logging.level", "warn", "RBLN_DEVICE_PLUGIN_LOG_LEVEL", "warn"),
     ("logging.format", "text", "RBLN_DEVICE_PLUGIN_LOG_FORMAT", "text"),
     ("logging.dir", "/data/logs/npu", "RBLN_DEVICE_PLUGIN_LOG_DIR", "/data/logs/npu"),
-    ("paths.cdiRoot", "/etc/cdi", "CDI_ROOT", "/etc/cdi"),
-    ("paths.kubeletDevicePluginPath", "/data/kubelet/device-plugins", "KUBELET_DEVICE_PLUGIN_PATH",
+    ("logging.level", "", "RBLN_DEVICE_PLUGIN_LOG_LEVEL", "info"),
+    ("logging.level", "WARNING", "RBLN_DEVICE_PLUGIN_LOG_LEVEL", "WARNING"),
+    ("logging.format", "", "RBLN_DEVICE_PLUGIN_LOG_FORMAT", "json"),
+    ("devicePlugin.cdiRoot", "/etc/cdi", "CDI_ROOT", "/etc/cdi"),
+    ("devicePlugin.kubeletDevicePluginPath", "/data/kubelet/device-plugins", "KUBELET_DEVICE_PLUGIN_PATH",
      "/data/kubelet/device-plugins"),
     ("paths.rsdLockFile", "/run/rbln/rsd.lock", "RBLN_RSD_LOCK_FILE", "/run/rbln/rsd.lock"),
     ("paths.runDir", "/run/npu-plugin", "RBLN_DEVICE_PLUGIN_RUN_DIR", "/run/npu-plugin"),
@@ -270,16 +298,19 @@ def test_grpc_liveness_and_readiness_probes_on_the_health_port():
     assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"}]
 
 
-def test_probes_follow_a_custom_port():
-    container = plugin_container("devicePlugin.healthcheckPort=9090")
+@pytest.mark.parametrize("how", ["--set", "--set-string"])  # the original took the port as a string too
+def test_probes_follow_a_custom_port(how):
+    setting = "devicePlugin.containers.plugin.healthcheckPort=9090"
+    container = plugin_container(setting) if how == "--set" else plugin_container(strings=(setting,))
     assert container["livenessProbe"]["grpc"]["port"] == 9090
     assert container["readinessProbe"]["grpc"]["port"] == 9090
     assert container["ports"][0]["containerPort"] == 9090
+    assert env_of(container)["HEALTHCHECK_PORT"] == "9090"
 
 
-@pytest.mark.parametrize("port", ["-1", "-5"])
-def test_no_probes_and_no_port_when_the_health_service_is_off(port):
-    container = plugin_container(f"devicePlugin.healthcheckPort={port}")
+@pytest.mark.parametrize("port", ["-1", "-5", "0"])
+def test_no_probes_and_no_port_when_the_health_service_is_off_or_on_a_kernel_chosen_port(port):
+    container = plugin_container(f"devicePlugin.containers.plugin.healthcheckPort={port}")
     for key in ("livenessProbe", "readinessProbe", "startupProbe", "ports"):
         assert key not in container
     assert env_of(container)["HEALTHCHECK_PORT"] == port
@@ -391,6 +422,141 @@ def test_existing_service_account():
     assert docs[0]["spec"]["template"]["spec"]["serviceAccountName"] == "npu-sa"
 
 
+# --- The original chart's values ----------------------------------------------------------------------
+
+def test_the_originals_defaults_render_exactly_as_the_charts_own():
+    assert render(values=ORIGINAL_DEFAULTS) == render()
+
+
+def test_the_originals_defaults_give_its_names_scheduling_container_and_environment():
+    """What the original chart renders with its defaults, setting by setting."""
+    docs = {doc["kind"]: doc for doc in render(values=ORIGINAL_DEFAULTS)}
+    ds, account = docs["DaemonSet"], docs["ServiceAccount"]
+    assert ds["metadata"]["name"] == account["metadata"]["name"] == FULLNAME
+    assert ds["metadata"]["namespace"] == account["metadata"]["namespace"] == NAMESPACE
+    assert ds["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": FULLNAME,
+                                                     "app.kubernetes.io/instance": RELEASE}
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    assert spec["serviceAccountName"] == FULLNAME
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["nodeSelector"] == {"rebellions.ai/npu.present": "true"}
+    for absent in ("tolerations", "affinity", "securityContext", "imagePullSecrets"):
+        assert absent not in spec
+    (container,) = spec["containers"]
+    assert container["name"] == "plugin"
+    assert container["image"] == f"rebellions/k8s-device-plugin:{project_version()}"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["securityContext"] == {"privileged": True}
+    assert "resources" not in container
+    assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    assert (container["livenessProbe"]["periodSeconds"], container["livenessProbe"]["failureThreshold"]) == (10, 3)
+    env = env_of(container)
+    assert {name: env[name] for name in ("CDI_ROOT", "KUBELET_DEVICE_PLUGIN_PATH", "USE_GENERIC_RESOURCE_NAME",
+                                         "HEALTHCHECK_PORT", "RBLN_DEVICE_PLUGIN_LOG_LEVEL",
+                                         "RBLN_DEVICE_PLUGIN_LOG_FORMAT", "NODE_NAME")} == {
+        "CDI_ROOT": "/var/run/cdi", "KUBELET_DEVICE_PLUGIN_PATH": "/var/lib/kubelet/device-plugins",
+        "USE_GENERIC_RESOURCE_NAME": "true", "HEALTHCHECK_PORT": "51515", "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info",
+        "RBLN_DEVICE_PLUGIN_LOG_FORMAT": "json", "NODE_NAME": ("fieldRef", "spec.nodeName")}
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
+    mounts = mounts_of(values=ORIGINAL_DEFAULTS)
+    for path in ("/var/lib/kubelet/device-plugins", "/var/run/cdi", "/dev"):
+        assert mounts[path] == ("hostPath", path, False)
+    assert "annotations" not in account and template["metadata"]["annotations"] == {
+        "kubectl.kubernetes.io/default-container": "plugin"}
+
+
+def test_every_key_of_the_originals_values_takes_effect():
+    docs = {doc["kind"]: doc for doc in render(values=ORIGINAL_EVERY_KEY)}
+    ds, account = docs["DaemonSet"], docs["ServiceAccount"]
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    (container,) = spec["containers"]
+    env = env_of(container)
+    mounts = mounts_of(values=ORIGINAL_EVERY_KEY)
+    effects = {
+        # fullnameOverride wins over nameOverride for the objects' name; the name is a label.
+        "nameOverride": ds["metadata"]["labels"]["app.kubernetes.io/name"] == "npu-dp",
+        "fullnameOverride": ds["metadata"]["name"] == "rbln-npu-plugin",
+        "namespaceOverride": ds["metadata"]["namespace"] == account["metadata"]["namespace"] == "npu-system",
+        "selectorLabelsOverride": ds["spec"]["selector"]["matchLabels"] == {
+            "app.kubernetes.io/name": "npu-dp", "app.kubernetes.io/instance": RELEASE, "rebellions.ai/plugin": "rbln"}
+        and template["metadata"]["labels"]["rebellions.ai/plugin"] == "rbln",
+        "imagePullSecrets": spec["imagePullSecrets"] == [{"name": "registry-credentials"}],
+        "image.repository, image.tag": container["image"] == "registry.example.com/rbln/k8s-device-plugin:v0.9.0",
+        "image.pullPolicy": container["imagePullPolicy"] == "Always",
+        "serviceAccount.create, serviceAccount.name": account["metadata"]["name"] == spec["serviceAccountName"]
+        == "npu-plugin-sa",
+        "serviceAccount.annotations": account["metadata"]["annotations"] == {"example.com/owner": "platform"},
+        "logging.level": env["RBLN_DEVICE_PLUGIN_LOG_LEVEL"] == "debug",
+        "logging.format": env["RBLN_DEVICE_PLUGIN_LOG_FORMAT"] == "text",
+        "devicePlugin.priorityClassName": spec["priorityClassName"] == "npu-critical",
+        "devicePlugin.updateStrategy": ds["spec"]["updateStrategy"] == {
+            "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2, "maxSurge": 0}},
+        "devicePlugin.podAnnotations": template["metadata"]["annotations"]["example.com/team"] == "accelerators",
+        "devicePlugin.podSecurityContext": spec["securityContext"] == {"runAsUser": 0},
+        "devicePlugin.nodeSelector": spec["nodeSelector"] == {"rebellions.ai/npu.present": "true",
+                                                              "example.com/pool": "npu"},
+        "devicePlugin.tolerations": spec["tolerations"] == [
+            {"key": "rebellions.ai/npu", "operator": "Exists", "effect": "NoSchedule"}],
+        "devicePlugin.affinity": "nodeAffinity" in spec["affinity"],
+        "devicePlugin.kubeletDevicePluginPath": env["KUBELET_DEVICE_PLUGIN_PATH"] == "/data/kubelet/device-plugins"
+        and mounts["/data/kubelet/device-plugins"] == ("hostPath", "/data/kubelet/device-plugins", False),
+        "devicePlugin.cdiRoot": env["CDI_ROOT"] == "/etc/cdi" and mounts["/etc/cdi"] == ("hostPath", "/etc/cdi", False),
+        "devicePlugin.useGenericResourceName": env["USE_GENERIC_RESOURCE_NAME"] == "false",
+        "devicePlugin.otlpEndpoint": env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "otel-collector.observability:4317",
+        "devicePlugin.containers.plugin.securityContext": container["securityContext"] == {
+            "privileged": True, "readOnlyRootFilesystem": True},
+        "devicePlugin.containers.plugin.resources": container["resources"] == {
+            "requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "devicePlugin.containers.plugin.healthcheckPort": env["HEALTHCHECK_PORT"] == "9090"
+        and container["livenessProbe"]["grpc"]["port"] == container["ports"][0]["containerPort"] == 9090,
+    }
+    assert [key for key, took_effect in effects.items() if not took_effect] == []
+    # Nothing of the defaults' scheduling or paths survives where the file says otherwise.
+    assert "/var/lib/kubelet/device-plugins" not in mounts and "/var/run/cdi" not in mounts
+
+
+def test_name_override_alone_names_every_object():
+    docs = render("nameOverride=npu-dp")
+    assert {doc["metadata"]["name"] for doc in docs} == {"npu-dp"}
+    assert daemonset("nameOverride=npu-dp")["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "npu-dp"
+
+
+def test_selector_labels_override_can_replace_a_default_selector_label():
+    ds = daemonset("selectorLabelsOverride.app\\.kubernetes\\.io/instance=npu")
+    assert ds["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": FULLNAME,
+                                                     "app.kubernetes.io/instance": "npu"}
+    assert manifest_checks.problems([ds]) == []
+
+
+@pytest.mark.parametrize("value", ["False", "0", "f", "TRUE"])
+def test_use_generic_resource_name_takes_go_boolean_strings(value):
+    env = env_of(plugin_container(strings=(f"devicePlugin.useGenericResourceName={value}",)))
+    assert env["USE_GENERIC_RESOURCE_NAME"] == value
+
+
+@pytest.mark.parametrize(("old", "where", "new"), [
+    ("nodeSelector.pool=npu", "", "devicePlugin.nodeSelector.pool=npu"),
+    ("tolerations[0].operator=Exists", "", "devicePlugin.tolerations[0].operator=Exists"),
+    ("affinity.nodeAffinity.x=y", "", "devicePlugin.affinity.nodeAffinity.x=y"),
+    ("priorityClassName=x", "", "devicePlugin.priorityClassName=x"),
+    ("updateStrategy.type=OnDelete", "", "devicePlugin.updateStrategy.type=OnDelete"),
+    ("podAnnotations.a=b", "", "devicePlugin.podAnnotations.a=b"),
+    ("resources.limits.memory=1Gi", "", "devicePlugin.containers.plugin.resources.limits.memory=1Gi"),
+    ("paths.cdiRoot=/etc/cdi", "/paths", "devicePlugin.cdiRoot=/etc/cdi"),
+    ("paths.kubeletDevicePluginPath=/data/k", "/paths", "devicePlugin.kubeletDevicePluginPath=/data/k"),
+    ("devicePlugin.healthcheckPort=9090", "/devicePlugin", "devicePlugin.containers.plugin.healthcheckPort=9090"),
+])
+def test_each_setting_has_one_key_the_originals(old, where, new):
+    key = re.split(r"[.\[=]", old.removeprefix("paths.").removeprefix("devicePlugin."))[0]
+    result = _run_helm("template", RELEASE, str(CHART), "--set", old)
+    assert result.returncode != 0 and "don't meet the specifications of the schema" in result.stderr
+    assert f"at '{where}': additional properties '{key}' not allowed" in result.stderr, result.stderr
+    assert render(new)
+
+
 # --- Whole renders and the schema --------------------------------------------------------------------
 
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "default" if v is None else v.stem)
@@ -398,14 +564,23 @@ def test_render_passes_the_api_server_rules(values):
     assert manifest_checks.problems(render(values=values)) == []
 
 
+PORT = "/devicePlugin/containers/plugin/healthcheckPort"
+
+
 @pytest.mark.parametrize(("args", "where"), [
-    (("--set", "devicePlugin.healthcheckPort=abc"), "/devicePlugin/healthcheckPort"),
-    (("--set-string", "devicePlugin.healthcheckPort=51515"), "/devicePlugin/healthcheckPort"),
-    (("--set", "devicePlugin.healthcheckPort=0"), "/devicePlugin/healthcheckPort"),
+    (("--set", "devicePlugin.containers.plugin.healthcheckPort=abc"), PORT),
+    (("--set", "devicePlugin.containers.plugin.healthcheckPort=1.5"), PORT),
+    (("--set", "devicePlugin.containers.plugin.healthcheckPort=70000"), PORT),
     (("--set", "logging.level=verbose"), "/logging/level"),
     (("--set", "logging.format=xml"), "/logging/format"),
     (("--set", "devicePlugin.scanInterval=5"), "/devicePlugin/scanInterval"),
-    (("--set", "updateStrategy.maxSurge=1"), "/updateStrategy"),
+    (("--set", "devicePlugin.useGenericResourceName=yes"), "/devicePlugin/useGenericResourceName"),
+    (("--set", "devicePlugin.updateStrategy.rollingUpdate.maxSurge=1"),
+     "/devicePlugin/updateStrategy/rollingUpdate/maxSurge"),
+    (("--set", "devicePlugin.updateStrategy.type=Recreate"), "/devicePlugin/updateStrategy/type"),
+    (("--set", "devicePlugin.nodeSelector.pool=true"), "/devicePlugin/nodeSelector/pool"),
+    (("--set", "selectorLabelsOverride.tier=1"), "/selectorLabelsOverride/tier"),
+    (("--set", "devicePlugin.containers.sidecar.image=x"), "/devicePlugin/containers"),
     (("--set", "terminationGracePeriodSeconds=10"), "/terminationGracePeriodSeconds"),
     (("--set", "partitionReadyGate.enabled=yes"), "/partitionReadyGate/enabled"),
 ])
@@ -421,11 +596,13 @@ def test_helm_lint_strict_passes():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_notes_mention_probes_state():
+@pytest.mark.parametrize(("port", "said"), [("-1", "the health service is off"),
+                                            ("0", "listens on a port the kernel picks")])
+def test_notes_mention_probes_state(port, said):
     result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
-                       "--set", "devicePlugin.healthcheckPort=-1")
+                       "--set", f"devicePlugin.containers.plugin.healthcheckPort={port}")
     assert result.returncode == 0, result.stderr
-    assert "no liveness or readiness probe" in result.stdout
+    assert "No liveness or readiness probe" in result.stdout and said in result.stdout
 
 
 def test_termination_message_is_kept_out_of_the_nodes_dev():

@@ -222,6 +222,8 @@ def test_the_log_catalogue_through_a_node_lifecycle(make_node, kubelet, start_st
     for process in PROGRAMS:
         first, second = stack.find(process=process)[:2]
         assert (first["msg"], first["level"], first["version"]) == ("Starting rbln-device-plugin", "info", VERSION)
+        # The gate the stream is read through: the level set, and the default format that replaced yaml.
+        assert (first["logLevel"], first["logFormat"]) == ("debug", "json")
         assert first["nodeName"] == "node-a" and first["deviceScanInterval"] == "200ms"
         assert first["kubeletDevicePluginPath"] == str(node.plugin_dir) and first["otlpEndpoint"] == ""
         assert (second["msg"], second["level"]) == ("Invalid log format; using the default", "warn")

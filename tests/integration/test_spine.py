@@ -181,6 +181,9 @@ def test_every_stdout_line_is_a_json_record_with_the_contract_keys(make_node, ku
     stack = start_stack(node)
     kubelet.wait_for_devices(NPU, all_healthy(["rbln0"]), timeout=30)
     kubelet.allocate(NPU, [["rbln0"]])
+    # The watchdog starts last and serves nothing the kubelet waits for: on a busy machine it may not
+    # have logged its start yet, and a stop before that would end it unstarted.
+    stack.wait_for_record("Starting rbln-device-plugin", count=5)
     stack.stop()
     assert stack.raw_lines and len(stack.records) == len(stack.raw_lines)
     for record in stack.records:

@@ -274,6 +274,8 @@ def test_a_stop_signal_to_supervisord_stops_the_whole_stack_cleanly(make_node, k
     node = make_node(NODE)
     stack = start_stack(node)
     await_serving(kubelet)
+    # The watchdog, started last, serves nothing the kubelet waits for: let it start before the stop.
+    stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
     pids = {name: info["pid"] for name, info in program_info(node).items()}
     started = time.monotonic()
     assert stack.stop(signum) == 0

@@ -35,6 +35,7 @@ def test_defaults_follow_the_contract():
     assert settings.healthcheck_port == 51515
     assert settings.device_scan_interval == 5.0
     assert settings.otlp_endpoint == ""
+    assert settings.use_generic_resource_name is True
     assert settings.sysfs_root == pathlib.Path("/sys")
     assert settings.dev_root == pathlib.Path("/dev")
     assert settings.rbln_smi is None
@@ -54,7 +55,36 @@ def test_environment_overrides_and_empty_values():
     assert settings.node_name  # falls back to the host name
 
 
+# What the original's flag package made of these (checked against Go's strconv.ParseInt(text, 0, 64)).
+@pytest.mark.parametrize("text,port", [
+    ("51515", 51515), ("-1", -1), ("+5", 5), ("0", 0), ("0x1F90", 8080), ("0o17", 15), ("010", 8),
+    ("0_10", 8), ("1_0", 10), ("0b101", 5), ("0x_1f", 31), ("-0x10", -16), (" 9090 ", 9090),
+])
+def test_healthcheck_port_reads_go_integers(text, port):
+    assert Settings.from_environ({"HEALTHCHECK_PORT": text}).healthcheck_port == port
+
+
+@pytest.mark.parametrize("text", ["08080", "1__0", "_1", "1_", "0x", "0o", "1e3", "0b2", "+-1", "\u0663", ""])
+def test_healthcheck_port_refuses_what_go_refuses(text):
+    with pytest.raises(ConfigError, match="HEALTHCHECK_PORT.*not an integer"):
+        Settings.from_environ({"HEALTHCHECK_PORT": text})
+
+
+@pytest.mark.parametrize("text,value", [
+    ("true", True), ("True", True), ("TRUE", True), ("t", True), ("T", True), ("1", True),
+    ("false", False), ("False", False), ("FALSE", False), ("f", False), ("F", False), ("0", False),
+    ("", False),  # set but empty: false, as the original read it
+])
+def test_use_generic_resource_name_reads_go_booleans(text, value):
+    settings = Settings.from_environ({"USE_GENERIC_RESOURCE_NAME": text})
+    assert settings.use_generic_resource_name is value
+    assert settings.log_fields()["useGenericResourceName"] is value
+
+
 @pytest.mark.parametrize("env,value,fragment", [
+    ("USE_GENERIC_RESOURCE_NAME", "yes", "not a boolean"),
+    ("USE_GENERIC_RESOURCE_NAME", " true", "not a boolean"),
+    ("USE_GENERIC_RESOURCE_NAME", "tRuE", "not a boolean"),
     ("DEVICE_SCAN_INTERVAL", "5", "missing unit"),
     ("DEVICE_SCAN_INTERVAL", "0s", "must be positive"),
     ("HEALTHCHECK_PORT", "http", "not an integer"),

@@ -21,14 +21,15 @@ TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
 
 @pytest.fixture
 def install():
-    """`install(env)` sets the stream up for PROCESS on a StringIO; loguru and stdlib logging are restored after."""
+    """`install(env)` sets the stream up for PROCESS on a StringIO and returns it with what `setup` returned;
+    loguru and stdlib logging are restored after."""
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level
 
     def install(environ=None, **kwargs):
         stream = io.StringIO()
-        fallbacks = log.setup(PROCESS, {log.DIR_ENV: "", **(environ or {})}, stream, **kwargs)
-        return stream, fallbacks
+        installed = log.setup(PROCESS, {log.DIR_ENV: "", **(environ or {})}, stream, **kwargs)
+        return stream, installed
 
     yield install
     logger.remove()
@@ -43,7 +44,7 @@ def records(stream):
 
 
 def test_json_records_have_the_contract_keys_first_and_errors_under_err(install):
-    stream, fallbacks = install()
+    stream, installed = install()
     logger.info("Completed container allocation", resourceName="rebellions.ai/npu", deviceIDs=["rbln0", "rbln1"],
                 durationMs=1.5)
     try:
@@ -52,7 +53,7 @@ def test_json_records_have_the_contract_keys_first_and_errors_under_err(install)
         logger.opt(exception=True).error("Container allocation failed")
     logger.debug("Reconciled device inventory")  # below the default level
     first, failed = records(stream)
-    assert fallbacks == []
+    assert installed.fallbacks == []
     assert list(first) == ["ts", "level", "msg", "process", "resourceName", "deviceIDs", "durationMs"]
     assert first["level"] == "info" and first["process"] == PROCESS and first["deviceIDs"] == ["rbln0", "rbln1"]
     assert TS.match(first["ts"])
@@ -80,10 +81,11 @@ def test_timestamps_are_rfc3339nano_in_utc_and_parse_back():
     (" Debug ", ["debug", "info", "warn", "error"]),
 ])
 def test_level_setting_gates_the_stream(install, setting, shown):
-    stream, fallbacks = install({log.LEVEL_ENV: setting})
+    stream, installed = install({log.LEVEL_ENV: setting})
     for level in ("DEBUG", "INFO", "WARNING", "ERROR"):
         logger.log(level, "event")
-    assert fallbacks == [] and [r["level"] for r in records(stream)] == shown
+    assert installed.fallbacks == [] and [r["level"] for r in records(stream)] == shown
+    assert installed.level == shown[0]
 
 
 def test_debug_adds_caller_to_every_record(install):
@@ -99,11 +101,12 @@ def test_debug_adds_caller_to_every_record(install):
 
 
 def test_invalid_level_and_format_fall_back_to_the_defaults_with_warnings(install):
-    stream, fallbacks = install({log.LEVEL_ENV: "verbose", log.FORMAT_ENV: "yaml"})
+    stream, installed = install({log.LEVEL_ENV: "verbose", log.FORMAT_ENV: "yaml"})
     assert stream.getvalue() == ""  # the caller logs them after its startup record
+    assert (installed.level, installed.format) == ("info", "json")
     logger.info("Starting rbln-device-plugin")
     logger.debug("not shown at the default level")
-    for fallback in fallbacks:
+    for fallback in installed.fallbacks:
         fallback.log()
     start, bad_level, bad_format = records(stream)  # json: the default format
     assert start["msg"] == "Starting rbln-device-plugin"
@@ -187,12 +190,12 @@ def test_opentelemetry_errors_become_one_warning_and_its_chatter_is_debug(instal
 
 
 def test_each_process_writes_json_records_to_its_own_size_rotated_file(install, tmp_path):
-    stream, fallbacks = install({log.DIR_ENV: str(tmp_path / "logs"), log.FORMAT_ENV: "text"},
+    stream, installed = install({log.DIR_ENV: str(tmp_path / "logs"), log.FORMAT_ENV: "text"},
                                 rotate_bytes=2000, keep_rotated=2)
     for index in range(200):
         logger.info("Device appeared in inventory", index=index)
     files = logs_command.log_files(tmp_path / "logs", PROCESS)
-    assert fallbacks == [] and files[-1].name == f"{PROCESS}.log"
+    assert installed.fallbacks == [] and installed.format == "text" and files[-1].name == f"{PROCESS}.log"
     assert len(files) == 3  # the current file and two rotated ones, however much was written
     assert all(path.stat().st_size <= 2000 for path in files)
     lines = [line for path in files for line in path.read_text().splitlines()]
@@ -207,8 +210,8 @@ def test_an_empty_log_dir_writes_no_file_and_an_unusable_one_falls_back(install,
     logger.info("event")
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    stream, fallbacks = install({log.DIR_ENV: str(blocker / "logs")})
-    (fallback,) = fallbacks
+    stream, installed = install({log.DIR_ENV: str(blocker / "logs")})
+    (fallback,) = installed.fallbacks
     fallback.log()
     (record,) = records(stream)
     assert record["msg"] == "Log directory unavailable; logging to stdout only" and record["level"] == "warn"

@@ -193,7 +193,8 @@ def test_card_shared_with_a_mandatory_device_is_free():
 
 # -- cards and records -----------------------------------------------------------------
 
-@pytest.mark.parametrize("sid", ["", "  ", "N/A", "n/a", " Unknown ", "UNKNOWN", "0", "0000", "00000000-0000"])
+@pytest.mark.parametrize("sid", ["", "  ", "N/A", "n/a", " Unknown ", "UNKNOWN", "0", "0000", "00000000-0000",
+                                 "0x0000000000000000", "0X0000000000000000", "0x", " 0x0000 "])
 def test_invalid_sids_are_no_card(sid):
     assert card_key(sid, None) is None
 
@@ -203,6 +204,8 @@ def test_card_keys():
     # VFs group by parent PF whatever their SID says.
     assert card_key("SN1", "0000:03:00.0") == card_key("", "0000:03:00.0") == card_key("N/A", "0000:03:00.0")
     assert card_key("SN1", "0000:03:00.0") != card_key("SN1", "0000:04:00.0")
+    # Hex with a digit that is not zero is a real SID.
+    assert card_key("0x0000000052628079", None) == "sid:0x0000000052628079"
     # A SID spelled like a PF address never collides with a VF group.
     assert card_key("0000:03:00.0", None) != card_key("", "0000:03:00.0")
 

@@ -1,25 +1,24 @@
 {{/*
-The application's name: "rbln-device-plugin" unless nameOverride is set.
+The application's name: the chart's name ("k8s-device-plugin-chart") unless nameOverride is set.
 */}}
 {{- define "rbln-device-plugin.name" -}}
-{{- default "rbln-device-plugin" .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{/*
-The full name of the release's objects (at most 63 characters): fullnameOverride, else the release
-name when it already contains the application's name, else "<release>-<name>".
+The name of the release's objects (at most 63 characters): fullnameOverride, else the application's
+name. As in the original chart the release name is not part of it, so an upgrade of a release made
+with that chart keeps its DaemonSet.
 */}}
 {{- define "rbln-device-plugin.fullname" -}}
-{{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- $name := include "rbln-device-plugin.name" . -}}
-{{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- default (include "rbln-device-plugin.name" .) .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
-{{- end -}}
+
+{{/*
+The namespace of every object: namespaceOverride, else the release's.
+*/}}
+{{- define "rbln-device-plugin.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
 {{/*
@@ -30,25 +29,31 @@ name when it already contains the application's name, else "<release>-<name>".
 {{- end -}}
 
 {{/*
-Labels that select the DaemonSet's pods; they must never change between releases.
+Labels that select the DaemonSet's pods; they must never change between releases. The defaults,
+with selectorLabelsOverride added (its value wins for a key both have).
 */}}
 {{- define "rbln-device-plugin.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "rbln-device-plugin.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{- $defaults := dict "app.kubernetes.io/name" (include "rbln-device-plugin.name" .) "app.kubernetes.io/instance" .Release.Name -}}
+{{- merge (deepCopy (.Values.selectorLabelsOverride | default dict)) $defaults | toYaml -}}
 {{- end -}}
 
 {{/*
-Standard labels of every object.
+Standard labels of every object, the selector's among them (they win over the others).
 */}}
 {{- define "rbln-device-plugin.labels" -}}
-helm.sh/chart: {{ include "rbln-device-plugin.chart" . }}
-{{ include "rbln-device-plugin.selectorLabels" . }}
-app.kubernetes.io/component: device-plugin
-app.kubernetes.io/part-of: rbln-npu
-{{- if .Chart.AppVersion }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-{{- end }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- $labels := dict "helm.sh/chart" (include "rbln-device-plugin.chart" .) "app.kubernetes.io/component" "device-plugin" "app.kubernetes.io/part-of" "rbln-npu" "app.kubernetes.io/managed-by" .Release.Service -}}
+{{- with .Chart.AppVersion -}}
+{{- $_ := set $labels "app.kubernetes.io/version" . -}}
+{{- end -}}
+{{- merge (include "rbln-device-plugin.selectorLabels" . | fromYaml) $labels | toYaml -}}
+{{- end -}}
+
+{{/*
+The pods' labels: the standard labels and podLabels, which cannot change a standard one (the
+selector must keep matching).
+*/}}
+{{- define "rbln-device-plugin.podLabels" -}}
+{{- merge (include "rbln-device-plugin.labels" . | fromYaml) (deepCopy (.Values.podLabels | default dict)) | toYaml -}}
 {{- end -}}
 
 {{/*
@@ -101,14 +106,14 @@ entry already has (two settings may name one directory) and orders the mounts pa
 {{- define "rbln-device-plugin.hostMounts" -}}
 {{- $paths := .Values.paths -}}
 - name: kubelet-device-plugins
-  hostPath: {{ $paths.kubeletDevicePluginPath | quote }}
+  hostPath: {{ .Values.devicePlugin.kubeletDevicePluginPath | quote }}
   type: DirectoryOrCreate
-  mountPath: {{ $paths.kubeletDevicePluginPath | quote }}
+  mountPath: {{ .Values.devicePlugin.kubeletDevicePluginPath | quote }}
   readOnly: false
 - name: cdi-root
-  hostPath: {{ $paths.cdiRoot | quote }}
+  hostPath: {{ .Values.devicePlugin.cdiRoot | quote }}
   type: DirectoryOrCreate
-  mountPath: {{ $paths.cdiRoot | quote }}
+  mountPath: {{ .Values.devicePlugin.cdiRoot | quote }}
   readOnly: false
 - name: dev
   hostPath: {{ $paths.devRoot | quote }}
