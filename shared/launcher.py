@@ -12,7 +12,8 @@ import pathlib
 import sys
 from collections.abc import Mapping
 
-from shared.config import OPTIONS, ConfigError, Settings, ensure_private_dir
+from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
+from shared.safe_open import ensure_private_dir
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
 
@@ -59,10 +60,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     try:
-        ensure_private_dir(settings.run_dir)
+        ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
     except OSError as exc:
-        print(f"rbln-device-plugin run: cannot create RBLN_DEVICE_PLUGIN_RUN_DIR {settings.run_dir}: {exc}",
-              file=sys.stderr)
+        print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     # Temporary files (supervisord makes one at start-up to find a writable temp dir) stay in the
     # private run dir rather than a /tmp shared with whatever else the node runs.

@@ -10,7 +10,9 @@ OpenTelemetry's own records) is routed into the same stream.
 Besides stdout, each process appends the same records to `<log dir>/<process>.log`,
 rotated by size with a bounded number of old files kept. The files are always
 JSON, whatever the stream's format, so that `rbln-device-plugin logs` can
-filter them by level and time before rendering them for a person.
+filter them by level and time before rendering them for a person. A log file is
+only ever opened as a plain file of the stack's user, never through a symbolic
+link (shared/safe_open.py).
 
 Callers log with loguru and pass the event's keys as keyword arguments:
 `logger.info("Device exposed", resourceName=..., device=...)`.
@@ -30,6 +32,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from loguru import logger
+
+from shared import safe_open
 
 LEVEL_ENV = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
 FORMAT_ENV = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
@@ -233,10 +237,12 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
 
     log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
     if log_dir:
+        directory = pathlib.Path(log_dir)
         try:
-            pathlib.Path(log_dir).mkdir(parents=True, exist_ok=True)
-            logger.add(pathlib.Path(log_dir) / f"{process}.log", format=lambda _record: "{extra[_json]}\n",
-                       rotation=rotate_bytes, retention=keep_rotated, **options)
+            directory.mkdir(parents=True, exist_ok=True)
+            logger.add(directory / f"{process}.log", format=lambda _record: "{extra[_json]}\n",
+                       rotation=rotate_bytes, retention=keep_rotated,
+                       opener=safe_open.opener(DIR_ENV, mode=0o640), **options)
         except OSError as exc:
             fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
                                       {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))

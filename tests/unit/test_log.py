@@ -219,6 +219,21 @@ def test_an_empty_log_dir_writes_no_file_and_an_unusable_one_falls_back(install,
     assert list(tmp_path.iterdir()) == [blocker]
 
 
+def test_a_log_file_behind_a_link_is_not_written_and_the_setting_is_named(install, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (tmp_path / f"{PROCESS}.log").symlink_to(victim)
+    stream, installed = install({log.DIR_ENV: str(tmp_path)})
+    (fallback,) = installed.fallbacks
+    fallback.log()
+    logger.info("event")
+    assert victim.read_text() == "untouched\n"
+    warning, event = records(stream)
+    assert warning["msg"] == "Log directory unavailable; logging to stdout only"
+    assert warning["err"] == f"{log.DIR_ENV} {tmp_path / f'{PROCESS}.log'}: is a symbolic link"
+    assert event["msg"] == "event"
+
+
 # -- rbln-device-plugin logs ---------------------------------------------------------------------
 
 
