@@ -16,6 +16,8 @@ from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
 from shared.safe_open import ensure_private_dir
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
+# Every file the stack creates (log files on a hostPath among them) is private to root and its group.
+STACK_UMASK = 0o027
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    os.umask(STACK_UMASK)
     try:
         ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
     except OSError as exc:

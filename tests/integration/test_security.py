@@ -10,8 +10,22 @@ import subprocess
 import sys
 
 from simulator.stack import ENTRYPOINT
+from tests.integration.test_supervision import program_info
 
+NPU = "rebellions.ai/npu"
 NOBODY = 65534
+
+
+def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_group(make_node, kubelet,
+                                                                                   start_stack):
+    node = make_node("1")
+    start_stack(node)
+    kubelet.wait_for_devices(NPU, lambda view: view.connected, timeout=30)
+    for name, info in program_info(node).items():
+        with open(f"/proc/{info['pid']}/status") as status:
+            assert "Umask:\t0027\n" in status.read(), name
+    log_files = sorted(node.log_dir.glob("*.log"))
+    assert len(log_files) == 5 and {stat.S_IMODE(path.stat().st_mode) for path in log_files} == {0o640}
 
 
 def run_refused(node, **env) -> str:
