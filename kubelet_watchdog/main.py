@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import select
 import time
+from collections.abc import Callable
 
 from loguru import logger
 
@@ -25,11 +26,14 @@ CHECK_INTERVAL = 2.0
 
 
 class HealthEndpoint:
-    """The health service, if enabled; a port that cannot be bound now is tried again at every check."""
+    """The health service, if enabled; a port that cannot be bound now is tried again at every check.
+    A state is handed to the service only when it differs from the one it has."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, make_server: Callable[[int], HealthServer] = HealthServer):
         self._port = port
+        self._make_server = make_server
         self._server: HealthServer | None = None
+        self._published: tuple[bool, bool] | None = None
         self._failure_logged = False
 
     def set(self, live: bool, ready: bool) -> None:
@@ -37,11 +41,13 @@ class HealthEndpoint:
             return
         if self._server is None and not self._listen():
             return
-        self._server.set(live, ready)
+        if (live, ready) != self._published:
+            self._server.set(live, ready)
+            self._published = (live, ready)
 
     def _listen(self) -> bool:
         try:
-            self._server = HealthServer(self._port)
+            self._server = self._make_server(self._port)
         except RuntimeError as exc:  # grpc's "Failed to bind"
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))

@@ -9,11 +9,68 @@ import stat
 import subprocess
 import sys
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from supervisor import childutils
+
+from kubelet_watchdog.health_server import MAX_CONCURRENT_CALLS
+from kubelet_watchdog.supervisor_control import server_url
 from simulator.stack import ENTRYPOINT
-from tests.integration.test_supervision import program_info
+from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
+from tests.integration.test_faults import wait_until
+from tests.integration.test_supervision import (NODE, NOT_SERVING, SERVING, await_health, await_restarted_workers,
+                                                await_serving, free_port, program_info, registrations)
 
 NPU = "rebellions.ai/npu"
+# The chart's probes give the kubelet's Check this long (probes.*.timeoutSeconds).
+PROBE_TIMEOUT = 5.0
+UNIMPLEMENTED = str(grpc.StatusCode.UNIMPLEMENTED.value[0])
 NOBODY = 65534
+
+
+def check(port: int, service: str):
+    """One probe as the kubelet makes it: a new connection, one Check with the probe's deadline."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                             timeout=PROBE_TIMEOUT).status
+        except grpc.RpcError as exc:
+            return exc.code()
+
+
+def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_window(make_node, kubelet,
+                                                                                  start_stack):
+    node = make_node(NODE)
+    port = free_port()
+    stack = start_stack(node, HEALTHCHECK_PORT=str(port))
+    await_serving(kubelet)
+    await_health(port, liveness=SERVING, readiness=SERVING)
+    # Replies that can never leave (Watch and Check on a closed window) on every connection the port allows
+    # at once, and calls whose request never comes taking up all but a few of the service's threads.
+    blocked_replies = ZeroWindowAttack(port, connections=6, streams=(WATCH, WATCH, CHECK, CHECK))
+    missing_requests = ZeroWindowAttack(port, connections=(MAX_CONCURRENT_CALLS - 4) // 4,
+                                        streams=(CHECK_WITHOUT_REQUEST,) * 4)
+    with blocked_replies, missing_requests:
+        wait_until(lambda: blocked_replies.snapshot().grpc_status[(WATCH, UNIMPLEMENTED)] >= 12, 15,
+                   "every Watch to be refused")
+        for _ in range(20):
+            assert check(port, "liveness") == SERVING
+            assert check(port, "readiness") == SERVING
+        # The watchdog still acts, and its state changes still reach Check: a kubelet restart, a program stopped.
+        before = registrations(kubelet)
+        kubelet.restart()
+        await_restarted_workers(stack, starts=2)
+        await_serving(kubelet, since=before)
+        wait_until(lambda: check(port, "readiness") == SERVING, 30, "readiness after the kubelet restart")
+        supervisor = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": server_url(node.run_dir)}).supervisor
+        supervisor.stopProcess("worker-npu-vf1")
+        wait_until(lambda: check(port, "liveness") == NOT_SERVING, 15, "liveness to follow a stopped program")
+        supervisor.startProcess("worker-npu-vf1")
+        await_health(port, default=SERVING, liveness=SERVING, readiness=SERVING)
+        attacked = blocked_replies.snapshot()
+    # The attack held throughout: the server never got a byte of a reply message out to it.
+    assert attacked.message_bytes == 0 and attacked.connections >= 6
+    assert missing_requests.snapshot().message_bytes == 0
 
 
 def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_group(make_node, kubelet,

@@ -10,6 +10,7 @@ import xmlrpc.client
 import pytest
 from supervisor.xmlrpc import Faults
 
+from kubelet_watchdog.main import HealthEndpoint
 from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
@@ -207,6 +208,33 @@ def test_a_stopping_supervisord_is_told_apart_from_other_failures():
     with pytest.raises(SupervisorError) as failed:
         Supervisor(FakeSupervisord({}, fault=Faults.FAILED), clock, clock.sleep).restart(WORKERS)
     assert not isinstance(failed.value, SupervisorStopping)
+
+
+# What the watchdog tells the health service
+
+
+class RecordingHealthServer:
+    """HealthServer's interface, remembering every state it is given."""
+
+    def __init__(self, port):
+        self.port = port
+        self.states: list[tuple[bool, bool]] = []
+
+    def start(self):
+        pass
+
+    def set(self, live, ready):
+        self.states.append((live, ready))
+
+
+def test_the_health_service_is_given_a_state_only_when_it_changes():
+    servers = []
+    endpoint = HealthEndpoint(0, lambda port: servers.append(RecordingHealthServer(port)) or servers[-1])
+    for state in [(True, False), (True, False), (True, True), (True, True), (True, True), (False, False)]:
+        endpoint.set(*state)
+    assert [server.states for server in servers] == [[(True, False), (True, True), (False, False)]]
+    disabled = HealthEndpoint(-1, lambda port: pytest.fail("a disabled health service listens"))
+    disabled.set(True, True)
 
 
 # The status command's report
