@@ -5,16 +5,17 @@ creates private, and the whole stack run by an unprivileged user."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from supervisor import childutils
 
 from kubelet_watchdog.health_server import MAX_CONCURRENT_CALLS
-from kubelet_watchdog.supervisor_control import server_url
+from kubelet_watchdog.supervisor_control import server_proxy
+from shared import supervisor_rpc
 from simulator.stack import ENTRYPOINT
 from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
 from tests.integration.test_faults import wait_until
@@ -62,7 +63,7 @@ def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_windo
         await_restarted_workers(stack, starts=2)
         await_serving(kubelet, since=before)
         wait_until(lambda: check(port, "readiness") == SERVING, 30, "readiness after the kubelet restart")
-        supervisor = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": server_url(node.run_dir)}).supervisor
+        supervisor = server_proxy(node.run_dir).supervisor
         supervisor.stopProcess("worker-npu-vf1")
         wait_until(lambda: check(port, "liveness") == NOT_SERVING, 15, "liveness to follow a stopped program")
         supervisor.startProcess("worker-npu-vf1")
@@ -71,6 +72,24 @@ def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_windo
     # The attack held throughout: the server never got a byte of a reply message out to it.
     assert attacked.message_bytes == 0 and attacked.connections >= 6
     assert missing_requests.snapshot().message_bytes == 0
+
+
+def test_a_watchdog_that_cannot_reach_supervisord_reports_not_live_and_not_ready(make_node, kubelet, start_stack):
+    node = make_node("1")
+    port = free_port()
+    stack = start_stack(node, HEALTHCHECK_PORT=str(port))
+    kubelet.wait_for_devices(NPU, lambda view: view.connected, timeout=30)
+    await_health(port, liveness=SERVING, readiness=SERVING)
+    os.kill(stack.pid, signal.SIGSTOP)  # supervisord: its socket accepts, nothing answers
+    try:
+        await_health(port, liveness=NOT_SERVING, readiness=NOT_SERVING)
+    finally:
+        os.kill(stack.pid, signal.SIGCONT)
+    await_health(port, liveness=SERVING, readiness=SERVING)
+    # Logged once (and only now seen: the programs' output goes through supervisord).
+    (record,) = stack.wait_for_record("Cannot read program states; reporting not live and not ready")
+    assert record["process"] == "watchdog" and record["level"] == "warn"
+    assert f"did not answer within {supervisor_rpc.CALL_TIMEOUT:g}s" in record["err"]
 
 
 def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_group(make_node, kubelet,

@@ -10,10 +10,11 @@ import xmlrpc.client
 import pytest
 from supervisor.xmlrpc import Faults
 
-from kubelet_watchdog.main import HealthEndpoint
+from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.config import Settings
 from shared.process import SHUTDOWN_STATE_FAULT, fault_code
 from shared.status_command import build_report, render_text
 
@@ -235,6 +236,23 @@ def test_the_health_service_is_given_a_state_only_when_it_changes():
     assert [server.states for server in servers] == [[(True, False), (True, True), (False, False)]]
     disabled = HealthEndpoint(-1, lambda port: pytest.fail("a disabled health service listens"))
     disabled.set(True, True)
+
+
+class UnreachableSupervisor:
+    def programs(self):
+        raise SupervisorError("reading program states: supervisord did not answer within 5s")
+
+
+def test_a_supervisord_that_cannot_be_asked_makes_the_stack_neither_live_nor_ready(short_tmp, monkeypatch):
+    monkeypatch.setenv("KUBELET_DEVICE_PLUGIN_PATH", str(short_tmp))
+    monkeypatch.setenv("RBLN_DEVICE_PLUGIN_RUN_DIR", str(short_tmp))
+    servers = []
+    health = HealthEndpoint(0, lambda port: servers.append(RecordingHealthServer(port)) or servers[-1])
+    health.set(True, True)
+    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), health)
+    watchdog._check()
+    watchdog._check()
+    assert servers[0].states == [(True, True), (False, False)]
 
 
 # The status command's report
