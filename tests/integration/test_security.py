@@ -5,7 +5,10 @@ creates private, and the whole stack run by an unprivileged user."""
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -16,11 +19,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubelet_watchdog.health_server import MAX_CONCURRENT_CALLS
 from kubelet_watchdog.supervisor_control import server_proxy
 from shared import supervisor_rpc
-from simulator.stack import ENTRYPOINT
+from shared.rbln_smi import TOOL_ENVIRONMENT
+from simulator import smi_state
+from simulator.stack import ENTRYPOINT, StackProcess
 from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
 from tests.integration.test_faults import wait_until
-from tests.integration.test_supervision import (NODE, NOT_SERVING, SERVING, await_health, await_restarted_workers,
-                                                await_serving, free_port, program_info, registrations)
+from tests.integration.test_supervision import (DEVICES, NODE, NOT_SERVING, SERVING, await_health,
+                                                await_restarted_workers, await_serving, free_port, program_info,
+                                                registrations, status_command)
 
 NPU = "rebellions.ai/npu"
 # The chart's probes give the kubelet's Check this long (probes.*.timeoutSeconds).
@@ -37,6 +43,10 @@ def check(port: int, service: str):
                                                              timeout=PROBE_TIMEOUT).status
         except grpc.RpcError as exc:
             return exc.code()
+
+
+def crit_lines(stack: StackProcess) -> list[str]:
+    return [line for line in stack.stderr_lines if " CRIT " in line]
 
 
 def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_window(make_node, kubelet,
@@ -102,6 +112,99 @@ def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_gro
             assert "Umask:\t0027\n" in status.read(), name
     log_files = sorted(node.log_dir.glob("*.log"))
     assert len(log_files) == 5 and {stat.S_IMODE(path.stat().st_mode) for path in log_files} == {0o640}
+
+
+def test_supervisord_starts_quietly_and_its_secret_stays_in_the_private_run_dir(make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node, OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer otlp-token")
+    await_serving(kubelet)
+    response = kubelet.allocate("rebellions.ai/npu-vf4", [sorted(DEVICES["rebellions.ai/npu-vf4"])])
+    assert response.container_responses[0].devices
+    secret = (node.run_dir / supervisor_rpc.CREDENTIALS_FILE).read_text()
+    password = secret.split("password=")[1].strip()
+    assert len(password) == 64
+
+    # A process that supervisord did not start (`kubectl exec`) finds the credentials; nobody else gets in.
+    env = {**os.environ, **node.env("200ms")}
+    assert status_command(env).returncode == 0
+    with socket.socket(socket.AF_UNIX) as anonymous:
+        anonymous.connect(str(supervisor_rpc.socket_path(node.run_dir)))
+        anonymous.sendall(b"POST /RPC2 HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+        assert anonymous.recv(100).startswith(b"HTTP/1.0 401")
+
+    assert stat.S_IMODE(node.run_dir.stat().st_mode) == 0o700
+    for private in (supervisor_rpc.socket_path(node.run_dir), node.run_dir / supervisor_rpc.CREDENTIALS_FILE):
+        assert stat.S_IMODE(private.lstat().st_mode) == 0o600, private
+
+    calls = node.smi_calls()
+    assert {call["command"] for call in calls} >= {smi_state.INVENTORY, smi_state.GROUPS, smi_state.CREATE}
+    for call in calls:
+        assert set(call["environ"]) <= set(TOOL_ENVIRONMENT), call["argv"]
+        assert call["environ"].get("TMPDIR") == str(node.run_dir)
+    assert stack.stop() == 0
+    assert crit_lines(stack) == []
+    log_files = node.log_dir.glob("*.log")
+    everything_written = [*stack.raw_lines, *stack.stderr_lines, *(path.read_text() for path in log_files)]
+    assert not [text for text in everything_written if password in text or "otlp-token" in text]
+
+
+def process_uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("Uid:")).split()[1])
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # exited meanwhile
+    return found
+
+
+def unprivileged_run_command(node_root: pathlib.Path) -> list[str]:
+    """`rbln-device-plugin run` as user nobody on the node in `node_root`, which it then owns.
+
+    Reading is left to it everywhere (CAP_DAC_READ_SEARCH, kept across exec): the interpreter and this
+    source tree may be under root's home. Everything it writes and owns is still user nobody's. Two
+    things that only root could reach are put where nobody can: the interpreter (supervisord checks
+    a program's command with access(), which ignores capabilities; a venv of copies, seeing this one's
+    packages, is used) and the pipes to this test (chowned before the user changes)."""
+    venv = node_root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site_dir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    (pathlib.Path(site_dir) / "outer-environment.pth").write_text(
+        "".join(f"{entry}\n" for entry in sys.path if entry.endswith("site-packages")))
+    for path in [node_root, *node_root.rglob("*")]:
+        os.lchown(path, NOBODY, NOBODY)
+    return ["sh", "-c", f'chown {NOBODY}:{NOBODY} /proc/self/fd/1 /proc/self/fd/2 && exec "$@"', "sh",
+            shutil.which("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+            str(python), "-c", ENTRYPOINT, "run"]
+
+
+def test_the_stack_runs_as_an_unprivileged_user(make_node, node_root, kubelet):
+    """supervisor.conf's user=root does not stop a user who cannot switch users: `run` tells supervisord
+    to stay who it is, and every ownership check expects that user."""
+    node = make_node("1")
+    if os.geteuid() == 0:
+        user, command = NOBODY, unprivileged_run_command(node_root)
+        (node.plugin_dir / "kubelet.sock").chmod(0o666)  # the kubelet's, root's: let the workers connect
+    else:
+        user, command = os.geteuid(), [sys.executable, "-c", ENTRYPOINT, "run"]
+    stack = StackProcess({**os.environ, **node.env("200ms")}, command=command).start()
+    try:
+        kubelet.wait_for_devices(NPU, lambda view: view.connected and view.updates > 0, timeout=60)
+        programs = children(stack.pid)
+        assert len(programs) == 5
+        assert {process_uid(pid) for pid in [stack.pid, *programs]} == {user}
+    finally:
+        assert stack.stop() == 0
+    assert crit_lines(stack) == []
 
 
 def run_refused(node, **env) -> str:

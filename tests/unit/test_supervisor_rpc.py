@@ -1,9 +1,10 @@
-"""The stack's exchange with supervisord: every call bounded in time and size.
+"""The stack's exchange with supervisord: credentials from the run dir, every call bounded in time and size.
 
 The servers here are stand-ins on a real unix socket that misbehave as a wedged or broken supervisord would."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import socket
@@ -61,14 +62,28 @@ def stand_in(run_dir, behave: Callable[[socket.socket, bytes], None]) -> Iterato
 @pytest.fixture
 def run_dir(short_tmp):
     short_tmp.chmod(0o700)
+    supervisor_rpc.write_credentials(short_tmp)
     return short_tmp
 
 
-def test_a_request_is_posted_whole_and_the_peer_is_known(run_dir):
+def password(run_dir) -> str:
+    return (run_dir / supervisor_rpc.CREDENTIALS_FILE).read_text().split("password=")[1].strip()
+
+
+def test_a_request_carries_the_credentials_of_the_run_dir_and_the_peer_is_known(run_dir):
     with stand_in(run_dir, lambda connection, _: connection.sendall(http_reply(STATE_REPLY))) as requests:
         reply = exchange(run_dir, b"<methodCall/>")
     assert (reply.status, reply.body, reply.peer_pid) == (200, STATE_REPLY, os.getpid())
-    assert requests[0].startswith(b"POST /RPC2 HTTP/1.0\r\n") and requests[0].endswith(b"\r\n\r\n<methodCall/>")
+    token = base64.b64encode(f"{supervisor_rpc.USERNAME}:{password(run_dir)}".encode())
+    assert b"Authorization: Basic " + token + b"\r\n" in requests[0]
+    assert requests[0].endswith(b"\r\n\r\n<methodCall/>")
+
+
+def test_every_start_writes_a_new_private_password(run_dir):
+    first = password(run_dir)
+    supervisor_rpc.write_credentials(run_dir)
+    assert password(run_dir) != first and len(first) == 64
+    assert (run_dir / supervisor_rpc.CREDENTIALS_FILE).stat().st_mode & 0o777 == 0o600
 
 
 def test_a_supervisord_that_never_answers_costs_one_timeout(run_dir):
@@ -93,6 +108,23 @@ def test_a_reply_larger_than_the_cap_is_refused(run_dir):
     with stand_in(run_dir, lambda connection, _: connection.sendall(http_reply(b"x" * 300_000))):
         with pytest.raises(SupervisorUnreachable, match="reply exceeds 100000 bytes"):
             exchange(run_dir, b"<methodCall/>", max_reply=100_000)
+
+
+@pytest.mark.parametrize("damage", ["missing", "readable by others", "a link"])
+def test_credentials_that_are_not_the_stack_s_are_not_used(run_dir, damage):
+    credentials = run_dir / supervisor_rpc.CREDENTIALS_FILE
+    if damage == "missing":
+        credentials.unlink()
+    elif damage == "readable by others":
+        credentials.chmod(0o644)
+    else:
+        credentials.rename(run_dir / "elsewhere")
+        credentials.symlink_to(run_dir / "elsewhere")
+    with stand_in(run_dir, lambda connection, _: connection.sendall(http_reply(STATE_REPLY))) as requests:
+        with pytest.raises(SupervisorUnreachable, match="cannot read supervisord's credentials: "
+                                                        "RBLN_DEVICE_PLUGIN_RUN_DIR "):
+            exchange(run_dir, b"<methodCall/>")
+    assert requests == []
 
 
 @pytest.mark.parametrize("answer", [http_reply(b"", "401 Unauthorized"), http_reply(b"<not xml"),
