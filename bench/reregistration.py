@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
-from kubelet_watchdog.supervisor_control import Supervisor, connect, server_url  # noqa: E402
+from kubelet_watchdog.supervisor_control import Supervisor, connect  # noqa: E402
 from shared.resources import Resource  # noqa: E402
 from simulator.kubelet import KubeletSimulator  # noqa: E402
 from simulator.spec import NodeSpec  # noqa: E402
@@ -84,7 +84,7 @@ def measure(rounds: int) -> dict:
         bytecode = node.root / "pycache"
         with common.running_stack(node, "5s", PYTHONPYCACHEPREFIX=str(bytecode),
                                   PYTHONDONTWRITEBYTECODE="") as (kubelet, stack):
-            supervisor = connect(server_url(node.run_dir))
+            supervisor = connect(node.run_dir)
             _wait(lambda: _settled(kubelet, stack, supervisor, 1), SETTLE_TIMEOUT, "the first registration")
             samples = [_round(kubelet, stack, supervisor, starts) for starts in range(1, rounds + 1)]
     p95 = common.percentile(samples, 0.95)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import select
 import time
+from collections.abc import Callable
 
 from loguru import logger
 
 from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
-from kubelet_watchdog.supervisor_control import (Supervisor, SupervisorError, SupervisorStopping, connect,
-                                                 server_url)
+from kubelet_watchdog.supervisor_control import Supervisor, SupervisorError, SupervisorStopping, connect
 from scanner.cdi import remove_stale_specs
 from shared import runtime_status
 from shared.config import Settings
@@ -22,14 +22,18 @@ PROCESS = "watchdog"
 # Program states and status files, for the probes (which the kubelet asks every 10 s) and to notice a
 # FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
 CHECK_INTERVAL = 2.0
+_UNREACHABLE = Verdict(False, "supervisord does not answer")
 
 
 class HealthEndpoint:
-    """The health service, if enabled; a port that cannot be bound now is tried again at every check."""
+    """The health service, if enabled; a port that cannot be bound now is tried again at every check.
+    A state is handed to the service only when it differs from the one it has."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, make_server: Callable[[int], HealthServer] = HealthServer):
         self._port = port
+        self._make_server = make_server
         self._server: HealthServer | None = None
+        self._published: tuple[bool, bool] | None = None
         self._failure_logged = False
 
     def set(self, live: bool, ready: bool) -> None:
@@ -37,11 +41,13 @@ class HealthEndpoint:
             return
         if self._server is None and not self._listen():
             return
-        self._server.set(live, ready)
+        if (live, ready) != self._published:
+            self._server.set(live, ready)
+            self._published = (live, ready)
 
     def _listen(self) -> bool:
         try:
-            self._server = HealthServer(self._port)
+            self._server = self._make_server(self._port)
         except RuntimeError as exc:  # grpc's "Failed to bind"
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
@@ -96,7 +102,11 @@ class Watchdog:
         except SupervisorStopping:
             return
         except SupervisorError as exc:
-            logger.warning("Cannot read program states", err=str(exc))
+            # Nothing says the programs run, and nothing could restart them: so that Kubernetes
+            # restarts the pod if supervisord stays unreachable past the probes' failure thresholds.
+            if self._last_verdicts != (_UNREACHABLE, _UNREACHABLE):
+                logger.warning("Cannot read program states; reporting not live and not ready", err=str(exc))
+            self._report(_UNREACHABLE, _UNREACHABLE)
             return
         fatal = sorted(name for name, info in programs.items() if info.get("statename") == "FATAL")
         if fatal:
@@ -112,8 +122,10 @@ class Watchdog:
         run_dir = self._settings.run_dir
         scanner = runtime_status.read_status(run_dir, SCANNER)
         workers = {name: runtime_status.read_status(run_dir, name) for name in WORKERS}
-        live = liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval)
-        ready = readiness(programs, scanner, workers)
+        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval),
+                     readiness(programs, scanner, workers))
+
+    def _report(self, live: Verdict, ready: Verdict) -> None:
         self._health.set(live.ok, ready.ok)
         if (live, ready) != self._last_verdicts:
             logger.debug("Probe state", live=live.ok, liveReason=live.reason, ready=ready.ok,
@@ -126,7 +138,7 @@ def main() -> None:
     shutdown = ShutdownSignal().install()
     health = HealthEndpoint(settings.healthcheck_port)
     try:
-        Watchdog(settings, connect(server_url(settings.run_dir)), health).run(shutdown)
+        Watchdog(settings, connect(settings.run_dir), health).run(shutdown)
     finally:
         health.stop()
     logger.info("Shutdown")

@@ -1,4 +1,4 @@
-"""The watchdog's hold on supervisord over XML-RPC (the run dir's unix socket): states, restarts, shutdown."""
+"""The watchdog's hold on supervisord over XML-RPC (shared/supervisor_rpc.py): states, restarts, shutdown."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import time
 import xmlrpc.client
 from collections.abc import Callable, Iterable
 from typing import Any
+from xml.parsers.expat import ExpatError
 
-from supervisor import childutils
 from supervisor.xmlrpc import Faults
 
-from shared.config import SUPERVISOR_SOCKET
+from shared import supervisor_rpc
 
 # Longer than supervisor.conf's stopwaitsecs, after which supervisord kills a program that will not stop.
 STOP_TIMEOUT = 6.0
@@ -36,14 +36,36 @@ def _checked(results: Iterable[Any], tolerated: int) -> None:
             raise xmlrpc.client.Fault(result["faultCode"], result["faultString"])
 
 
-def server_url(run_dir: pathlib.Path) -> str:
-    """Where supervisord listens (supervisor.conf's [unix_http_server]), for a process it did not start."""
-    return f"unix://{run_dir / SUPERVISOR_SOCKET}"
+class _Transport(xmlrpc.client.Transport):
+    """xmlrpc.client's transport, replaced by the stack's bounded exchange with supervisord."""
+
+    def __init__(self, run_dir: pathlib.Path, timeout: float):
+        super().__init__()
+        self._run_dir = run_dir
+        self._timeout = timeout
+
+    def request(self, host, handler, request_body, verbose=False):
+        reply = supervisor_rpc.exchange(self._run_dir, request_body, self._timeout)
+        if reply.status != 200:
+            raise xmlrpc.client.ProtocolError(f"{supervisor_rpc.socket_path(self._run_dir)}{handler}",
+                                              reply.status, "supervisord refused the request", {})
+        parser, unmarshaller = self.getparser()
+        try:
+            parser.feed(reply.body)
+            parser.close()
+        except ExpatError as exc:
+            raise xmlrpc.client.ResponseError(f"supervisord's reply is not XML-RPC: {exc}") from None
+        return unmarshaller.close()
 
 
-def connect(url: str) -> "Supervisor":
-    """A Supervisor talking to supervisord at `url` (connects at the first call)."""
-    return Supervisor(childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": url}))
+def server_proxy(run_dir: pathlib.Path, timeout: float = supervisor_rpc.CALL_TIMEOUT) -> xmlrpc.client.ServerProxy:
+    """An XML-RPC proxy of supervisord in the stack's `run_dir` (its `supervisor` and `system` namespaces)."""
+    return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=_Transport(run_dir, timeout))
+
+
+def connect(run_dir: pathlib.Path) -> "Supervisor":
+    """A Supervisor talking to supervisord in the stack's `run_dir` (connects at each call)."""
+    return Supervisor(server_proxy(run_dir))
 
 
 class Supervisor:
@@ -62,7 +84,7 @@ class Supervisor:
                 raise SupervisorStopping(f"{what}: supervisord is stopping every program") from None
             raise SupervisorError(f"{what}: {fault.faultString}") from None
         except (OSError, xmlrpc.client.Error) as exc:
-            raise SupervisorError(f"{what}: supervisord did not answer: {exc}") from None
+            raise SupervisorError(f"{what}: {exc}") from None
 
     def _each(self, what: str, method: str, names: list[str], tolerated: int) -> None:
         """Call `method(name, wait=False)` for every name in one request."""

@@ -16,6 +16,8 @@ import pathlib
 import time
 from collections.abc import Iterator, Sequence
 
+from shared import safe_open
+from shared.config import RSD_LOCK_FILE_ENV
 from shared.inventory import DeviceRecord
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiUsage
 
@@ -40,9 +42,14 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
     """
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise RsdGroupError(f"cannot open RSD lock file {lock_file}: {exc.strerror or exc}") from None
+        raise RsdGroupError(f"{RSD_LOCK_FILE_ENV} {lock_file}: cannot create its directory: "
+                            f"{exc.strerror or exc}") from None
+    try:
+        # The descriptor goes to rbln-smi, run as root: only a plain file of the stack's user will do.
+        fd = safe_open.open_file(lock_file, os.O_RDWR | os.O_CREAT, RSD_LOCK_FILE_ENV)
+    except OSError as exc:
+        raise RsdGroupError(str(exc)) from None
     try:
         deadline = time.monotonic() + timeout
         pause = _LOCK_POLL_MIN

@@ -12,10 +12,11 @@ from scanner.cdi import remove_stale_specs
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.publisher import InventoryPublisher
 from shared import ipc, runtime_status
-from shared.config import Settings, ensure_private_dir
+from shared.config import RUN_DIR_ENV, Settings
 from shared.process import ShutdownSignal, start_process
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
+from shared.safe_open import ensure_private_dir
 
 PROCESS = "scanner"
 
@@ -57,7 +58,7 @@ def warn_if_legacy_names_asked_for(settings: Settings) -> None:
 
 def run(settings: Settings, shutdown: ShutdownSignal) -> None:
     warn_if_legacy_names_asked_for(settings)
-    ensure_private_dir(settings.run_dir)
+    ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
     remove_stale_specs(settings.cdi_root)
     smi = RblnSmi(settings.rbln_smi)
     epoch = uuid.uuid4().hex

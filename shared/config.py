@@ -27,6 +27,9 @@ SUPERVISOR_SOCKET = "supervisor.sock"
 SUPERVISOR_SOCKET_WHILE_BINDING = f"{SUPERVISOR_SOCKET}.{2**22}"
 # A unix socket's path must fit sun_path (108 bytes) with its terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
+# Settings whose names appear in errors about the paths they give.
+RUN_DIR_ENV = "RBLN_DEVICE_PLUGIN_RUN_DIR"
+RSD_LOCK_FILE_ENV = "RBLN_RSD_LOCK_FILE"
 
 
 class ConfigError(ValueError):
@@ -128,9 +131,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev", _path, "where device nodes are looked up"),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI", "", _optional_path,
            "rbln-smi binary; empty searches the usual driver locations, then PATH"),
-    Option("rsd_lock_file", "--rsd-lock-file", "RBLN_RSD_LOCK_FILE", "/var/run/rbln-rsd-group.lock", _path,
+    Option("rsd_lock_file", "--rsd-lock-file", RSD_LOCK_FILE_ENV, "/var/run/rbln-rsd-group.lock", _path,
            "flock serialising RSD group changes across processes"),
-    Option("run_dir", "--run-dir", "RBLN_DEVICE_PLUGIN_RUN_DIR", "/run/rbln-device-plugin", _path,
+    Option("run_dir", "--run-dir", RUN_DIR_ENV, "/run/rbln-device-plugin", _path,
            "private runtime directory (IPC sockets, supervisord socket)"),
     Option("log_dir", None, "RBLN_DEVICE_PLUGIN_LOG_DIR", "/var/log/rbln-device-plugin", _optional_path,
            "per-process rotated log files; empty disables"),
@@ -166,7 +169,7 @@ class Settings:
                 raise ConfigError(f"invalid {option.env} {text!r}: {exc}") from None
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
         run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
-        _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), "RBLN_DEVICE_PLUGIN_RUN_DIR")
+        _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
         if not values["node_name"]:
             values["node_name"] = socket.gethostname()
         return cls(**values)
@@ -202,9 +205,3 @@ def _check_socket_room(directory: pathlib.Path, longest_name: str, env: str) -> 
         raise ConfigError(f"invalid {env} {str(directory)!r}: too long for the sockets made in it "
                           f"({length} bytes for {longest_name}; a unix socket path has at most "
                           f"{MAX_SOCKET_PATH_BYTES})")
-
-
-def ensure_private_dir(path: pathlib.Path) -> None:
-    """Create `path` (and parents) if needed and make it 0700: it holds control sockets."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)

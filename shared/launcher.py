@@ -12,9 +12,13 @@ import pathlib
 import sys
 from collections.abc import Mapping
 
-from shared.config import OPTIONS, ConfigError, Settings, ensure_private_dir
+from shared import supervisor_rpc
+from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
+from shared.safe_open import ensure_private_dir
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
+# Every file the stack creates (log files on a hostPath among them) is private to root and its group.
+STACK_UMASK = 0o027
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +51,12 @@ def stack_environment(args: argparse.Namespace, base: Mapping[str, str]) -> dict
     return environ
 
 
-def supervisord_argv(conf: pathlib.Path) -> list[str]:
-    return [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(conf)]
+def supervisord_argv(conf: pathlib.Path, uid: int) -> list[str]:
+    """supervisord on `conf`, as user `uid`. supervisor.conf says user=root, which supervisord only
+    takes from root (it cannot switch users otherwise); run by anyone else, it is told to stay who it is
+    (supervisord looks the uid up: it must have a passwd entry)."""
+    argv = [sys.executable, "-m", "supervisor.supervisord", "-n", "-c", str(conf)]
+    return argv if uid == 0 else [*argv, f"--user={uid}"]
 
 
 def run(args: argparse.Namespace) -> None:
@@ -58,16 +66,17 @@ def run(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    os.umask(STACK_UMASK)
     try:
-        ensure_private_dir(settings.run_dir)
+        ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
+        supervisor_rpc.write_credentials(settings.run_dir)
     except OSError as exc:
-        print(f"rbln-device-plugin run: cannot create RBLN_DEVICE_PLUGIN_RUN_DIR {settings.run_dir}: {exc}",
-              file=sys.stderr)
+        print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     # Temporary files (supervisord makes one at start-up to find a writable temp dir) stay in the
     # private run dir rather than a /tmp shared with whatever else the node runs.
     environ.setdefault("TMPDIR", str(settings.run_dir))
-    argv = supervisord_argv(supervisor_conf())
+    argv = supervisord_argv(supervisor_conf(), os.getuid())
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(argv[0], argv, environ)

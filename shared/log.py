@@ -10,7 +10,10 @@ OpenTelemetry's own records) is routed into the same stream.
 Besides stdout, each process appends the same records to `<log dir>/<process>.log`,
 rotated by size with a bounded number of old files kept. The files are always
 JSON, whatever the stream's format, so that `rbln-device-plugin logs` can
-filter them by level and time before rendering them for a person.
+filter them by level and time before rendering them for a person. A log file is
+only ever opened as a plain file of the stack's user, never through a symbolic
+link (shared/safe_open.py), and old files are removed only when they are
+provably this process's own rotated files (`own_rotated_files`).
 
 Callers log with loguru and pass the event's keys as keyword arguments:
 `logger.info("Device exposed", resourceName=..., device=...)`.
@@ -30,6 +33,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from loguru import logger
+
+from shared import safe_open
 
 LEVEL_ENV = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
 FORMAT_ENV = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
@@ -52,6 +57,9 @@ _FIRST_KEYS = ("ts", "level", "msg", "process")
 # are kept besides the current one, so a process never holds more than (1 + KEEP_ROTATED) x ROTATE_BYTES.
 ROTATE_BYTES = 10 * 1024 * 1024
 KEEP_ROTATED = 3
+# loguru renames a full file to `<process>.<creation time>.log`, with a counter from 2 when the name is taken.
+_ROTATED_SUFFIX = r"\.(\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6})(?:\.(\d+))?\.log"
+_FIRST_LINE_BYTES = MAX_RECORD_BYTES + 1
 # Standard-library records carry `component`: these libraries by a short name, others by their package.
 _COMPONENTS = {"grpc": "grpc", "opentelemetry": "otel"}
 OTEL_ERROR_MESSAGE = "OpenTelemetry SDK error"
@@ -136,6 +144,46 @@ def text_line(fields: Mapping[str, Any]) -> str:
     head = f"{fields.get('ts', '')} {str(fields.get('level', '')).upper():5} [{fields.get('process', '')}] " \
            f"{fields.get('msg', '')}"
     return f"{head}  {rest}" if rest else head
+
+
+def _first_record(path: pathlib.Path) -> Any:
+    """The first line of the plain file at `path` as JSON (never through a link); None if it has none."""
+    try:
+        fd = safe_open.open_file(path, os.O_RDONLY, DIR_ENV)
+        with os.fdopen(fd, "rb") as handle:
+            return json.loads(handle.readline(_FIRST_LINE_BYTES))
+    except (OSError, ValueError):
+        return None
+
+
+def own_rotated_files(log_dir: pathlib.Path, process: str, candidates: list[str]) -> list[pathlib.Path]:
+    """Of `candidates` (the files loguru's retention found), those this process rotated, oldest first:
+    named as loguru names them, directly in `log_dir`, plain files of the stack's user, begun by a record
+    of `process`. A log dir shared with other software therefore never loses a file that is not the stack's."""
+    name = re.compile(re.escape(process) + _ROTATED_SUFFIX)
+    own = []
+    for candidate in map(pathlib.Path, candidates):
+        match = name.fullmatch(candidate.name)
+        if candidate.parent != log_dir or match is None:
+            continue
+        record = _first_record(candidate)
+        if isinstance(record, dict) and record.get("process") == process:
+            own.append(((match[1], int(match[2] or 1)), candidate))
+    return [path for _, path in sorted(own)]
+
+
+def _retention(log_dir: pathlib.Path, process: str, keep: int):
+    """loguru's retention: keep the newest `keep` of the process's own rotated files, remove the others."""
+
+    def remove_old(candidates: list[str]) -> None:
+        files = own_rotated_files(log_dir, process, candidates)
+        for old in files[:max(len(files) - keep, 0)]:
+            try:
+                old.unlink()
+            except FileNotFoundError:
+                pass
+
+    return remove_old
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,10 +281,12 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
 
     log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
     if log_dir:
+        directory = pathlib.Path(os.path.abspath(log_dir))  # as loguru names the files it finds
         try:
-            pathlib.Path(log_dir).mkdir(parents=True, exist_ok=True)
-            logger.add(pathlib.Path(log_dir) / f"{process}.log", format=lambda _record: "{extra[_json]}\n",
-                       rotation=rotate_bytes, retention=keep_rotated, **options)
+            directory.mkdir(parents=True, exist_ok=True)
+            logger.add(directory / f"{process}.log", format=lambda _record: "{extra[_json]}\n",
+                       rotation=rotate_bytes, retention=_retention(directory, process, keep_rotated),
+                       opener=safe_open.opener(DIR_ENV, mode=0o640), **options)
         except OSError as exc:
             fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
                                       {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import pathlib
 import signal
-import socket
-import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -15,7 +14,7 @@ from xml.etree import ElementTree
 
 from loguru import logger
 
-from shared import log
+from shared import log, supervisor_rpc
 from shared.config import ConfigError, Settings
 from shared.version import VERSION
 
@@ -26,9 +25,8 @@ SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP
 _TELL_STACK_SECONDS = 2.0
 # supervisor.xmlrpc.Faults.SHUTDOWN_STATE: supervisord's answer to any request while it stops every program.
 SHUTDOWN_STATE_FAULT = 6
+# Written out rather than built by xmlrpc.client, whose imports would cost every process some 20 ms.
 _GET_STATE = b"<?xml version='1.0'?><methodCall><methodName>supervisor.getState</methodName></methodCall>"
-_GET_STATE_REQUEST = (b"POST /RPC2 HTTP/1.0\r\nContent-Type: text/xml\r\nContent-Length: %d\r\n\r\n"
-                      % len(_GET_STATE)) + _GET_STATE
 
 
 def start_process(process: str, environ: Mapping[str, str] | None = None, **startup_fields) -> Settings:
@@ -176,24 +174,13 @@ def _children(parent: int) -> list[int]:
     return children
 
 
-def _ask_supervisord(url: str) -> tuple[int, bytes] | None:
-    """Who answers on supervisord's socket (its pid, by SO_PEERCRED) and what it answers to
-    supervisor.getState (the XML-RPC response body); None if nobody answers.
-
-    One plain HTTP request over the socket: supervisor's XML-RPC client would cost a
-    process some 30 ms of imports on its way out, when three workers restart at once.
-    """
+def _ask_supervisord(url: str) -> supervisor_rpc.Reply | None:
+    """supervisord's answer to supervisor.getState on its socket at `url`; None if it gives none in time."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(2.0)
-            connection.connect(url.removeprefix("unix://"))
-            credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            connection.sendall(_GET_STATE_REQUEST)
-            response = b"".join(iter(lambda: connection.recv(65536), b""))
+        return supervisor_rpc.exchange(pathlib.Path(url.removeprefix("unix://")).parent, _GET_STATE,
+                                       timeout=_TELL_STACK_SECONDS)
     except OSError:
         return None
-    pid, _uid, _gid = struct.unpack("3i", credentials)
-    return pid, response.partition(b"\r\n\r\n")[2]
 
 
 def fault_code(response: bytes) -> int | None:
@@ -224,7 +211,7 @@ def stop_with_the_stack(environ: Mapping[str, str]) -> None:
     supervisord = os.getppid()
     # Only our own parent, proven by the socket it answers on, never whatever adopted an orphan; and
     # only while it stops everything: it then refuses every request, and answers a partial stop normally.
-    if answer is None or answer[0] != supervisord or fault_code(answer[1]) != SHUTDOWN_STATE_FAULT:
+    if answer is None or answer.peer_pid != supervisord or fault_code(answer.body) != SHUTDOWN_STATE_FAULT:
         return
     os.kill(supervisord, signal.SIGTERM)
     for sibling in _children(supervisord):

@@ -1,7 +1,8 @@
 """Calls to the `rbln-smi` tool and parsing of its JSON (CONTRACT §3).
 
 Every call is bounded in time and in output size: a hung or babbling tool
-turns into an `RblnSmiError`, never into a stuck or bloated process.
+turns into an `RblnSmiError`, never into a stuck or bloated process. The tool
+runs with a minimal environment of its own (tool_environment).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import selectors
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 SEARCH_PATHS = (
@@ -31,6 +32,11 @@ _ERROR_EXCERPT = 2048
 # An npu index goes into `group -c G -a N1,N2`: a comma or a blank in it would name other devices.
 _NPU_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _MAX_NAME_IN_ERROR = 80
+# All of the stack's environment the tool gets: what any command-line tool expects, nothing more (its
+# documentation names no variable of its own). Settings, supervisord's socket URL or an OTLP header
+# token are no business of the tool's.
+TOOL_ENVIRONMENT = ("PATH", "LANG", "TMPDIR")
+_DEFAULTS = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 
 
 class RblnSmiError(RuntimeError):
@@ -98,15 +104,24 @@ def _excerpt(output: bytes) -> str:
     return f"{text[:half]} … {text[-half:]}"
 
 
-def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> CallResult:
+def tool_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment rbln-smi runs with: TOOL_ENVIRONMENT's variables from `environ`, PATH and LANG
+    defaulted when missing."""
+    return {**_DEFAULTS, **{name: environ[name] for name in TOOL_ENVIRONMENT if name in environ}}
+
+
+def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (),
+                environ: Mapping[str, str] | None = None) -> CallResult:
     """Run `argv` with stdout and stderr combined; kill it past `timeout` or MAX_OUTPUT_BYTES.
 
-    `pass_fds` are inherited by the tool (every other descriptor is closed in it)."""
+    `pass_fds` are inherited by the tool (every other descriptor is closed in it); its environment is
+    tool_environment(`environ`, by default this process's)."""
     started = time.monotonic()
+    env = tool_environment(os.environ if environ is None else environ)
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, close_fds=True, pass_fds=tuple(pass_fds),
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     except OSError as exc:
         raise RblnSmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     chunks: list[bytes] = []

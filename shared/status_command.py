@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_watchdog.probes import PROGRAMS, SCANNER, current_status
-from kubelet_watchdog.supervisor_control import SupervisorError, connect, server_url
+from kubelet_watchdog.supervisor_control import SupervisorError, connect
 from shared import runtime_status
 from shared.config import OPTIONS
 from shared.resources import Resource
@@ -103,7 +103,7 @@ def render_text(report: Mapping[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     run_dir = pathlib.Path(args.run_dir or os.environ.get(_RUN_DIR.env) or _RUN_DIR.default)
     try:
-        programs = connect(server_url(run_dir)).programs()
+        programs = connect(run_dir).programs()
     except SupervisorError as exc:
         print(f"rbln-device-plugin status: cannot ask supervisord in {run_dir}: {exc}", file=sys.stderr)
         programs = None

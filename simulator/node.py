@@ -157,7 +157,7 @@ class SimulatedNode:
         return smi_state.group_members(smi_state.load(str(self.state_dir)))
 
     def smi_calls(self) -> list[dict[str, Any]]:
-        """Every rbln-smi invocation so far: argv, command, pid, start/end (epoch s), exit, error,
+        """Every rbln-smi invocation so far: argv, environ, command, pid, start/end (epoch s), exit, error,
         fault; group changes also `lock_held` and `overlap`. A hung call has end and exit None."""
         return smi_state.read_calls(str(self.state_dir))
 

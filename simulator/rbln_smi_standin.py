@@ -12,8 +12,9 @@ Commands:
                             /dev/rsdG created
 Errors exit 1 with a message on stderr; a command line it does not know exits 2.
 
-Every group change records whether its caller held the flock on the RSD lock file
-(`lock_held`) and whether it overlapped another group change (`overlap`).
+Every call records the environment it was given (`environ`); every group change records whether its
+caller held the flock on the RSD lock file (`lock_held`) and whether it overlapped another group
+change (`overlap`).
 
 Faults (set by `SimulatedNode.set_smi_fault`), for the commands they are set for:
     hang       sleeps a day (or until its caller dies): longer than any timeout; nothing changes
@@ -195,7 +196,8 @@ def _finish(state_dir: str, record: dict[str, Any], code: int, out: str, err: st
 
 
 def main(argv: list[str], state_dir: str) -> int:
-    record: dict[str, Any] = {"argv": argv, "pid": os.getpid(), "start": time.time(), "command": None}
+    record: dict[str, Any] = {"argv": argv, "pid": os.getpid(), "start": time.time(), "command": None,
+                              "environ": dict(os.environ)}
     try:
         command, options = _parse(argv)
     except _UsageError as exc:

@@ -325,15 +325,60 @@ def test_default_mounts():
         "/var/run/cdi": ("hostPath", "/var/run/cdi", False),
         "/dev": ("hostPath", "/dev", False),
         "/sys": ("hostPath", "/sys", True),
-        "/run/rbln": ("hostPath", "/run/rbln", False),
+        "/run/rbln": ("hostPath", "/run/rbln", True),
         "/host/usr/bin": ("hostPath", "/usr/bin", True),
         "/host/driver/usr/bin": ("hostPath", "/run/rbln/driver/usr/bin", True),
-        # The RSD lock's directory, so the flock is the node's.
-        "/var/run": ("hostPath", "/var/run", False),
+        # The RSD lock alone, so the flock is the node's; its directory is the node's /run.
+        "/var/run/rbln-rsd-group.lock": ("hostPath", "/var/run/rbln-rsd-group.lock", False),
         "/var/log/rbln-device-plugin": ("hostPath", "/var/log/rbln-device-plugin", False),
         # The stack's private sockets stay in the pod.
         "/run/rbln-device-plugin": ("emptyDir", None, False),
     }
+
+
+def host_paths(spec: dict) -> list[tuple[str, str, str, str, str]]:
+    """Every hostPath mount of every container of the pod: (container, volume, host path, type, ro|rw)."""
+    volumes = {volume["name"]: volume for volume in spec.get("volumes", [])}
+    found = []
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        for mount in container.get("volumeMounts", []):
+            source = volumes[mount["name"]].get("hostPath")
+            if source is not None:
+                found.append((container["name"], mount["name"], source["path"], source.get("type", ""),
+                              "ro" if mount.get("readOnly") else "rw"))
+    return found
+
+
+# What the stack writes on the node, and so the only hostPath volumes mounted read-write: the kubelet's
+# directory (worker sockets), the CDI root (stale specs removed at start), /dev (the device nodes rbln-smi
+# opens), the RSD lock file (flock) and the log dir. A new one must be argued for in docs/security.md.
+READ_WRITE_VOLUMES = {"kubelet-device-plugins", "cdi-root", "dev", "rsd-lock", "log-dir"}
+
+
+def test_every_host_path_and_its_mode():
+    assert sorted(host_paths(pod_spec("partitionReadyGate.enabled=true"))) == sorted([
+        ("partition-ready-gate", "partition-validations", "/run/rbln/validations", "DirectoryOrCreate", "ro"),
+        (CONTAINER, "dev", "/dev", "Directory", "rw"),
+        (CONTAINER, "sys", "/sys", "Directory", "ro"),
+        (CONTAINER, "run-rbln", "/run/rbln", "DirectoryOrCreate", "ro"),
+        (CONTAINER, "host-usr-bin", "/usr/bin", "Directory", "ro"),
+        (CONTAINER, "cdi-root", "/var/run/cdi", "DirectoryOrCreate", "rw"),
+        (CONTAINER, "rsd-lock", "/var/run/rbln-rsd-group.lock", "FileOrCreate", "rw"),
+        (CONTAINER, "log-dir", "/var/log/rbln-device-plugin", "DirectoryOrCreate", "rw"),
+        (CONTAINER, "host-driver-usr-bin", "/run/rbln/driver/usr/bin", "DirectoryOrCreate", "ro"),
+        (CONTAINER, "kubelet-device-plugins", "/var/lib/kubelet/device-plugins", "DirectoryOrCreate", "rw"),
+    ])
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "default" if v is None else v.stem)
+def test_no_new_read_write_host_path_and_never_the_whole_run(values):
+    chart_mounts = [m for m in host_paths(pod_spec(values=values)) if m[1] != "opt-rbln"]  # an extraVolume
+    read_write = {volume for _, volume, _, _, mode in chart_mounts if mode == "rw"}
+    assert read_write <= READ_WRITE_VOLUMES, f"new read-write hostPath mounts: {read_write - READ_WRITE_VOLUMES}"
+    for _, volume, path, kind, _ in chart_mounts:
+        assert path.rstrip("/") not in ("", "/run", "/var/run", "/var", "/etc"), f"{volume} mounts {path}"
+        if volume == "rsd-lock":
+            assert kind == "FileOrCreate"
 
 
 def test_log_dir_is_a_directory_or_create_host_path_and_optional():
@@ -352,9 +397,10 @@ def test_mounts_follow_the_paths():
     mounts = mounts_of(values=ROOT / "deploy/helm/ci-values/custom-paths.yaml")
     assert mounts["/data/kubelet/device-plugins"] == ("hostPath", "/data/kubelet/device-plugins", False)
     assert mounts["/etc/cdi"] == ("hostPath", "/etc/cdi", False)
-    # rsdLockFile /run/rbln/rsd-group.lock: its directory is /run/rbln, mounted once.
-    assert mounts["/run/rbln"] == ("hostPath", "/run/rbln", False)
-    assert "/var/run" not in mounts
+    # rsdLockFile /run/rbln/rsd-group.lock: the file, mounted over the read-only /run/rbln.
+    assert mounts["/run/rbln"] == ("hostPath", "/run/rbln", True)
+    assert mounts["/run/rbln/rsd-group.lock"] == ("hostPath", "/run/rbln/rsd-group.lock", False)
+    assert "/var/run" not in mounts and "/run" not in mounts
     assert mounts["/run/npu-plugin"] == ("emptyDir", None, False)
     assert mounts["/opt/rbln"][2] is True  # extraVolumeMounts
 

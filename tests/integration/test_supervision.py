@@ -15,10 +15,9 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from supervisor import childutils
 
 from kubelet_watchdog.probes import PROGRAMS
-from kubelet_watchdog.supervisor_control import connect, server_url
+from kubelet_watchdog.supervisor_control import connect, server_proxy
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
 from simulator.stack import ENTRYPOINT
@@ -66,7 +65,7 @@ def await_restarted_workers(stack, starts: int, timeout: float = 30.0) -> None:
 
 
 def program_info(node) -> dict[str, dict]:
-    return connect(server_url(node.run_dir)).programs()
+    return connect(node.run_dir).programs()
 
 
 def sockets(directory) -> set[str]:
@@ -234,7 +233,7 @@ def test_a_kubelet_absent_past_the_retry_window_then_appearing_and_the_health_se
         assert 0 <= report["resources"][NPU]["lastScanAgeSeconds"] < 3 * 1.0
 
         # A program that is not running: not live (and so not the default either).
-        supervisor = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": server_url(node.run_dir)}).supervisor
+        supervisor = server_proxy(node.run_dir).supervisor
         supervisor.stopProcess("worker-npu-vf1")
         await_health(port, default=NOT_SERVING, liveness=NOT_SERVING)
         assert json.loads(status_command(env, "--json").stdout)["processes"]["worker-npu-vf1"]["state"] == "STOPPED"

@@ -219,6 +219,57 @@ def test_an_empty_log_dir_writes_no_file_and_an_unusable_one_falls_back(install,
     assert list(tmp_path.iterdir()) == [blocker]
 
 
+def test_a_log_file_behind_a_link_is_not_written_and_the_setting_is_named(install, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (tmp_path / f"{PROCESS}.log").symlink_to(victim)
+    stream, installed = install({log.DIR_ENV: str(tmp_path)})
+    (fallback,) = installed.fallbacks
+    fallback.log()
+    logger.info("event")
+    assert victim.read_text() == "untouched\n"
+    warning, event = records(stream)
+    assert warning["msg"] == "Log directory unavailable; logging to stdout only"
+    assert warning["err"] == f"{log.DIR_ENV} {tmp_path / f'{PROCESS}.log'}: is a symbolic link"
+    assert event["msg"] == "event"
+
+
+def test_retention_removes_only_the_process_own_rotated_files(install, tmp_path):
+    """A log dir shared with other software (an operator's /var/log) loses none of their files, even
+    those loguru's own retention would have taken for the process's."""
+    stamp = "2020-01-01_00-00-0{}_000000"
+    victim = tmp_path / "victim.log"
+    victim.write_text(file_record(0, "info", "kept") + "\n")
+    log_dir = tmp_path / "shared"
+    log_dir.mkdir()
+    others = {
+        f"{PROCESS}.{stamp.format(0)}.log": json.dumps({"msg": "another program's file", "process": "other"}),
+        f"{PROCESS}.{stamp.format(1)}.log.gz": file_record(0, "info", "compressed by someone else"),
+        f"{PROCESS}.old.log": file_record(0, "info", "renamed by an operator"),
+        f"{PROCESS}.log.1": file_record(0, "info", "logrotate's"),
+        f"{PROCESS}.{stamp.format(2)}.log": file_record(0, "info", "writable by others"),
+    }
+    for name, text in others.items():
+        (log_dir / name).write_text(text + "\n")
+        (log_dir / name).chmod(0o640)
+    (log_dir / f"{PROCESS}.{stamp.format(2)}.log").chmod(0o666)
+    (log_dir / f"{PROCESS}.{stamp.format(3)}.log").symlink_to(victim)
+    own_old = log_dir / f"{PROCESS}.{stamp.format(4)}.log"
+    own_old.write_text(file_record(0, "info", "an earlier run's") + "\n")
+
+    install({log.DIR_ENV: str(log_dir)}, rotate_bytes=2000, keep_rotated=2)
+    for index in range(200):
+        logger.info("Device appeared in inventory", index=index)
+    for name, text in others.items():
+        assert (log_dir / name).read_text() == text + "\n", name
+    assert json.loads(victim.read_text())["msg"] == "kept"
+    assert not own_old.exists()
+    found = [str(path) for path in log_dir.iterdir()]
+    own = log.own_rotated_files(log_dir, PROCESS, found)
+    assert len(own) == 2 and all(json.loads(path.read_text().splitlines()[0])["msg"] == "Device appeared in inventory"
+                                 for path in own)
+
+
 # -- rbln-device-plugin logs ---------------------------------------------------------------------
 
 

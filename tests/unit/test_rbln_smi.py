@@ -51,6 +51,18 @@ def test_a_hung_tool_is_killed_at_its_timeout(tmp_path):
     assert time.monotonic() - started < 5
 
 
+def test_the_tool_gets_only_a_minimal_environment(tmp_path):
+    stack_environment = {"PATH": "/opt/driver/bin:/usr/bin:/bin", "LANG": "ko_KR.UTF-8", "TMPDIR": str(tmp_path),
+                         "SUPERVISOR_SERVER_URL": "unix:///run/rbln-device-plugin/supervisor.sock",
+                         "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer token", "RBLN_SMI": "/x/rbln-smi"}
+    result = run_bounded(["/usr/bin/env"], timeout=10, environ=stack_environment)
+    assert sorted(result.output.decode().splitlines()) == [
+        "LANG=ko_KR.UTF-8", "PATH=/opt/driver/bin:/usr/bin:/bin", f"TMPDIR={tmp_path}"]
+    bare = run_bounded(["/usr/bin/env"], timeout=10, environ={"HOME": "/root"})
+    assert sorted(bare.output.decode().splitlines()) == [
+        "LANG=C.UTF-8", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+
 def test_a_babbling_tool_is_cut_off(tmp_path):
     with pytest.raises(RblnSmiError, match="more than"):
         run_bounded([str(tool(tmp_path, "yes"))], timeout=10)

@@ -10,9 +10,11 @@ import xmlrpc.client
 import pytest
 from supervisor.xmlrpc import Faults
 
+from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.config import Settings
 from shared.process import SHUTDOWN_STATE_FAULT, fault_code
 from shared.status_command import build_report, render_text
 
@@ -207,6 +209,50 @@ def test_a_stopping_supervisord_is_told_apart_from_other_failures():
     with pytest.raises(SupervisorError) as failed:
         Supervisor(FakeSupervisord({}, fault=Faults.FAILED), clock, clock.sleep).restart(WORKERS)
     assert not isinstance(failed.value, SupervisorStopping)
+
+
+# What the watchdog tells the health service
+
+
+class RecordingHealthServer:
+    """HealthServer's interface, remembering every state it is given."""
+
+    def __init__(self, port):
+        self.port = port
+        self.states: list[tuple[bool, bool]] = []
+
+    def start(self):
+        pass
+
+    def set(self, live, ready):
+        self.states.append((live, ready))
+
+
+def test_the_health_service_is_given_a_state_only_when_it_changes():
+    servers = []
+    endpoint = HealthEndpoint(0, lambda port: servers.append(RecordingHealthServer(port)) or servers[-1])
+    for state in [(True, False), (True, False), (True, True), (True, True), (True, True), (False, False)]:
+        endpoint.set(*state)
+    assert [server.states for server in servers] == [[(True, False), (True, True), (False, False)]]
+    disabled = HealthEndpoint(-1, lambda port: pytest.fail("a disabled health service listens"))
+    disabled.set(True, True)
+
+
+class UnreachableSupervisor:
+    def programs(self):
+        raise SupervisorError("reading program states: supervisord did not answer within 5s")
+
+
+def test_a_supervisord_that_cannot_be_asked_makes_the_stack_neither_live_nor_ready(short_tmp, monkeypatch):
+    monkeypatch.setenv("KUBELET_DEVICE_PLUGIN_PATH", str(short_tmp))
+    monkeypatch.setenv("RBLN_DEVICE_PLUGIN_RUN_DIR", str(short_tmp))
+    servers = []
+    health = HealthEndpoint(0, lambda port: servers.append(RecordingHealthServer(port)) or servers[-1])
+    health.set(True, True)
+    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), health)
+    watchdog._check()
+    watchdog._check()
+    assert servers[0].states == [(True, True), (False, False)]
 
 
 # The status command's report

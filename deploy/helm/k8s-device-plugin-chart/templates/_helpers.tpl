@@ -102,6 +102,10 @@ The plugin container's mounts, as a YAML list of {name, hostPath, type, mountPat
 propagation} (hostPath volumes) and {name, mountPath, emptyDir} (the private run dir). The
 DaemonSet renders each as a volume plus a volumeMount, drops an entry whose mountPath an earlier
 entry already has (two settings may name one directory) and orders the mounts parents first.
+Read-write only where the stack writes: sockets in the kubelet's directory, stale CDI specs
+removed, the RSD lock (the one file, not its directory, which is the node's /run by default),
+device nodes, and the log dir. docs/security.md says why each is there; tests/deploy/test_chart.py
+fails on a new read-write one.
 */}}
 {{- define "rbln-device-plugin.hostMounts" -}}
 {{- $paths := .Values.paths -}}
@@ -129,12 +133,12 @@ entry already has (two settings may name one directory) and orders the mounts pa
   hostPath: /run/rbln
   type: DirectoryOrCreate
   mountPath: /run/rbln
-  readOnly: false
+  readOnly: true
   propagation: HostToContainer
-- name: rsd-lock-dir
-  hostPath: {{ dir $paths.rsdLockFile | quote }}
-  type: DirectoryOrCreate
-  mountPath: {{ dir $paths.rsdLockFile | quote }}
+- name: rsd-lock
+  hostPath: {{ $paths.rsdLockFile | quote }}
+  type: FileOrCreate
+  mountPath: {{ $paths.rsdLockFile | quote }}
   readOnly: false
 {{- if .Values.hostRblnSmi }}
 - name: host-usr-bin

@@ -1,0 +1,138 @@
+"""The stack's one way to talk to supervisord: XML-RPC over the run dir's unix socket, with the stack's
+credentials, each call bounded in time and in the size of its reply.
+
+Both of the stack's clients go through `exchange`: the watchdog and `rbln-device-plugin status` (an
+XML-RPC proxy on it, kubelet_watchdog/supervisor_control.py) and a program that learns the stack stops
+(shared/process.py). A supervisord that hangs or babbles becomes a SupervisorUnreachable (an OSError)
+within CALL_TIMEOUT, never a stuck or bloated client. Only the standard library's light modules are
+imported: every process of the stack loads this one.
+
+Credentials: supervisord's [unix_http_server] asks for a user name and password. `rbln-device-plugin run`
+makes a new password at every start and writes it to CREDENTIALS_FILE in the private run dir, which
+supervisor.conf includes; a client reads it from there, so a process started by `kubectl exec` finds it
+too, and the secret is in no environment, command line or log.
+"""
+
+from __future__ import annotations
+
+import base64
+import configparser
+import dataclasses
+import os
+import pathlib
+import secrets
+import socket
+import struct
+import time
+
+from shared import safe_open
+from shared.config import RUN_DIR_ENV, SUPERVISOR_SOCKET
+
+CREDENTIALS_FILE = "supervisord-auth.conf"
+USERNAME = "rbln-device-plugin"
+# A local call takes about a millisecond; one that takes this long is from a supervisord that is stuck.
+CALL_TIMEOUT = 5.0
+# The largest reply the stack asks for (every program's state) is a few kilobytes.
+MAX_REPLY_BYTES = 1024 * 1024
+_MAX_CREDENTIALS_BYTES = 4096
+_SECTION = "unix_http_server"
+
+
+class SupervisorUnreachable(OSError):
+    """supervisord could not be asked, or its answer came too late, too large or malformed."""
+
+
+def socket_path(run_dir: pathlib.Path) -> pathlib.Path:
+    return run_dir / SUPERVISOR_SOCKET
+
+
+def write_credentials(run_dir: pathlib.Path) -> None:
+    """Give supervisord a new password (run dir created and checked already); UnsafePathError if the
+    file in its place is not the stack's."""
+    path = run_dir / CREDENTIALS_FILE
+    # Hex digits only: nothing for the INI parser's %-interpolation to expand.
+    text = (f"; Written by `rbln-device-plugin run` at each start: supervisord's socket credentials.\n"
+            f"[{_SECTION}]\nusername={USERNAME}\npassword={secrets.token_hex(32)}\n")
+    fd = safe_open.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, RUN_DIR_ENV,
+                             forbidden=safe_open.OTHERS_ANY)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def _authorization(run_dir: pathlib.Path) -> bytes:
+    """The Authorization header for supervisord's socket in `run_dir`."""
+    path = run_dir / CREDENTIALS_FILE
+    try:
+        fd = safe_open.open_file(path, os.O_RDONLY, RUN_DIR_ENV, forbidden=safe_open.OTHERS_ANY)
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(_MAX_CREDENTIALS_BYTES + 1)
+    except OSError as exc:
+        raise SupervisorUnreachable(f"cannot read supervisord's credentials: {exc}") from None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        if len(raw) > _MAX_CREDENTIALS_BYTES:
+            raise ValueError("file too large")
+        parser.read_string(raw.decode())
+        username, password = parser.get(_SECTION, "username"), parser.get(_SECTION, "password")
+    except (ValueError, configparser.Error) as exc:
+        raise SupervisorUnreachable(f"unreadable supervisord credentials in {path}: {exc}") from None
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    return f"Authorization: Basic {token}\r\n".encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    peer_pid: int
+    """Who answered on the socket (SO_PEERCRED): supervisord's pid."""
+    status: int
+    body: bytes
+
+
+def exchange(run_dir: pathlib.Path, request_body: bytes, timeout: float = CALL_TIMEOUT,
+             max_reply: int = MAX_REPLY_BYTES) -> Reply:
+    """POST one XML-RPC request to supervisord in `run_dir` and read the whole reply, all within
+    `timeout` seconds and `max_reply` bytes; SupervisorUnreachable otherwise."""
+    deadline = time.monotonic() + timeout
+
+    def time_left() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout
+        return left
+
+    request = (b"POST /RPC2 HTTP/1.0\r\nHost: localhost\r\nContent-Type: text/xml\r\n"
+               b"Content-Length: %d\r\n" % len(request_body)) + _authorization(run_dir) + b"\r\n" + request_body
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(time_left())
+            connection.connect(str(socket_path(run_dir)))
+            credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            connection.settimeout(time_left())
+            connection.sendall(request)
+            # HTTP/1.0: the reply ends where supervisord closes the connection.
+            while True:
+                connection.settimeout(time_left())
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > max_reply:
+                    raise SupervisorUnreachable(f"supervisord's reply exceeds {max_reply} bytes")
+                chunks.append(chunk)
+    except SupervisorUnreachable:
+        raise
+    except socket.timeout:
+        raise SupervisorUnreachable(f"supervisord at {socket_path(run_dir)} did not answer within "
+                                    f"{timeout:g}s") from None
+    except OSError as exc:
+        raise SupervisorUnreachable(f"supervisord at {socket_path(run_dir)} did not answer: "
+                                    f"{exc.strerror or exc}") from None
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    try:
+        status = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise SupervisorUnreachable(f"supervisord answered no HTTP status: {head[:80]!r}") from None
+    pid, _uid, _gid = struct.unpack("3i", credentials)
+    return Reply(pid, status, body)
