@@ -1,7 +1,10 @@
-"""The conformance harness's kubelet pin, read without Go: the staging replaces and the README agree with it."""
+"""The conformance tooling, without Go: the kubelet pin, its staging replaces and the README agree, and
+run.sh on a machine without Go says so in one line."""
 
+import os
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -43,3 +46,12 @@ def test_the_committed_replaces_are_the_pinned_releases_staging_versions():
 
 def test_the_readme_names_the_kubelet_release_the_stack_is_tested_against():
     assert f"the kubelet of Kubernetes {pinned_release()}" in (ROOT / "README.md").read_text()
+
+
+def test_run_sh_without_go_says_so_in_one_line_and_fails():
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not os.access(f"{d}/go", os.X_OK))
+    result = subprocess.run(["bash", str(ROOT / "tests" / "conformance" / "run.sh")],
+                            env={**os.environ, "PATH": path}, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "tests/conformance/run.sh: Go is not installed; the kubelet harness (k8s.io/kubernetes) needs Go to build"]
