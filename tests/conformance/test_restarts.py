@@ -6,8 +6,7 @@ import os
 import signal
 import stat
 
-from supervisor import childutils
-
+from kubelet_watchdog.supervisor_control import connect
 from tests.conformance.kubelet_harness import NPU, VF1, VF4, pod
 
 MIXED_NODE = "2,1:vf1,1:vf4"
@@ -21,9 +20,9 @@ def plugin_sockets(kubelet) -> set[str]:
 
 
 def program_pid(node, program: str) -> int:
-    """The pid supervisord reports for one of the stack's programs, asked as supervisorctl would."""
-    rpc = childutils.getRPCInterface({"SUPERVISOR_SERVER_URL": f"unix://{node.run_dir / 'supervisor.sock'}"})
-    return rpc.supervisor.getProcessInfo(program)["pid"]
+    """The pid supervisord reports for one of the stack's programs, asked with the stack's credentials as
+    `rbln-device-plugin status` asks."""
+    return connect(node.run_dir).programs()[program]["pid"]
 
 
 def registrations(stack) -> dict[str, int]:
