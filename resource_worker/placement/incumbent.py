@@ -11,8 +11,7 @@ or finds best, never this one unchecked.
 
 from __future__ import annotations
 
-import itertools
-
+from resource_worker.placement.bounds import numa_choices
 from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.state import RequestClasses, State
 
@@ -24,7 +23,7 @@ _MAX_ANCHORS = 2
 def first_selection(tables: PoolTables, classes: RequestClasses, size: int) -> State:
     """The best of a few greedy fills, one per choice of NUMA nodes and of the root to fill first."""
     best: tuple[list, State] | None = None
-    for forced, allowed in _numa_choices(tables, classes, size):
+    for forced, allowed in numa_choices(tables, classes, size, _MAX_NUMA_SETS)[0]:
         for anchor in _anchors(tables, forced, allowed):
             state = _fill(tables, forced, allowed, anchor, size)
             values = state.score_values(classes)
@@ -32,37 +31,6 @@ def first_selection(tables: PoolTables, classes: RequestClasses, size: int) -> S
                 best = values, state
     assert best is not None
     return best[1]
-
-
-def _numa_choices(tables: PoolTables, classes: RequestClasses, size: int) -> list[tuple[list[int], list[int]]]:
-    """(forced count per class, classes that may give more) for each NUMA choice with the fewest unknown
-    devices and NUMA nodes: when known devices run short, all of them and some unknown ones."""
-    n = len(tables.size)
-    mandatory = classes.mandatory
-    known = [c for c in range(n) if tables.numa_bit[c]]
-    unknown_forced = sum(mandatory[c] for c in range(n) if not tables.numa_bit[c])
-    if size - sum(tables.size[c] for c in known) > unknown_forced:
-        forced = [tables.size[c] if tables.numa_bit[c] else mandatory[c] for c in range(n)]
-        return [(forced, [c for c in range(n) if not tables.numa_bit[c]])]
-    room: dict[int, int] = {}
-    paid = 0
-    for c in known:
-        room[tables.numa_bit[c]] = room.get(tables.numa_bit[c], 0) + tables.size[c]
-        if mandatory[c]:
-            paid |= tables.numa_bit[c]
-    need = size - unknown_forced - sum(v for bit, v in room.items() if bit & paid)
-    unpaid = sorted((bit for bit in room if not bit & paid), key=lambda bit: (-room[bit], bit))
-    extra = 0
-    while need > sum(room[bit] for bit in unpaid[:extra]):
-        extra += 1
-    choices = []
-    for subset in itertools.combinations(unpaid, extra):
-        if sum(room[bit] for bit in subset) >= need:
-            nodes = paid | sum(subset)
-            choices.append((mandatory[:], [c for c in known if tables.numa_bit[c] & nodes]))
-            if len(choices) == _MAX_NUMA_SETS:
-                break
-    return choices
 
 
 def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[int | None]:
@@ -82,7 +50,7 @@ def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[
 
 
 def _fill(tables: PoolTables, forced: list[int], allowed: list[int], anchor: int | None, size: int) -> State:
-    counts = forced[:]
+    counts = forced
     need = size - sum(counts)
     # Cards: the forced ones are paid; new ones are opened roomiest first while they are still needed.
     open_cards = 0
@@ -101,43 +69,57 @@ def _fill(tables: PoolTables, forced: list[int], allowed: list[int], anchor: int
             break
         open_cards |= bit
         lacking -= rooms[bit]
-    # Devices on open cards first, then devices without a card, each the cheapest next to those chosen.
+    # Devices on open cards first, then devices without a card, each the cheapest next to those chosen:
+    # per class, the total and farthest distance to the chosen devices; per root, how many there are.
+    slot_sum = [0] * len(counts)
+    slot_max = [-1] * len(counts)
+    in_root = [0] * tables.n_roots
+    taken = [0] * len(counts)
+
+    def take(cls: int, count: int) -> None:
+        taken[cls] += count
+        if tables.root[cls] >= 0:
+            in_root[tables.root[cls]] += count
+            for other, distance in tables.links[cls]:
+                slot_sum[other] += count * distance
+                if distance > slot_max[other]:
+                    slot_max[other] = distance
+
+    for c, count in enumerate(forced):
+        if count:
+            take(c, count)
+    while need > 0:
+        best_key, best_class = None, -1
+        readable = sum(in_root)
+        for c in allowed:
+            already = taken[c]
+            if already >= tables.size[c]:
+                continue
+            x = tables.root[c]
+            key = (0 if tables.card_bit[c] & open_cards else 1,
+                   x < 0,
+                   readable - in_root[x] if x >= 0 else 0,
+                   x != anchor,
+                   max(slot_max[c], tables.intra[c] if already else 0) if x >= 0 else 0,
+                   slot_sum[c] + already * tables.intra[c] if x >= 0 else 0,
+                   tables.first_id[c])
+            if best_key is None or key < best_key:
+                best_key, best_class = key, c
+        if best_class < 0:
+            break  # numa_choices leaves room enough; were it not so, the answer check would say so
+        # A class's devices are alike and close: take what it has, up to what is still needed.
+        count = min(tables.size[best_class] - taken[best_class], need)
+        if tables.card_bit[best_class]:
+            open_cards |= tables.card_bit[best_class]
+        need -= count
+        take(best_class, count)
+    return _rebuild(tables, taken)
+
+
+def _rebuild(tables: PoolTables, counts: list[int]) -> State:
+    """One pick per class, as the search makes them, so the IDs are the class's mandatory then smallest ones."""
     state = State.empty(tables)
     for c, count in enumerate(counts):
         if count:
             state = state.add(tables, c, count)
-    added = [0] * len(counts)
-    while need > 0:
-        best_key, best_class = None, -1
-        chosen_readable = sum(state.roots)
-        for c in allowed:
-            if counts[c] + added[c] >= tables.size[c]:
-                continue
-            x = tables.root[c]
-            already = counts[c] + added[c]
-            key = (0 if tables.card_bit[c] & open_cards else 1,
-                   x < 0,
-                   chosen_readable - state.roots[x] if x >= 0 else 0,
-                   x != anchor,
-                   max(state.slot_max[c], tables.intra[c] if already else 0) if x >= 0 else 0,
-                   state.slot_sum[c] + already * tables.intra[c] if x >= 0 else 0,
-                   tables.first_id[c])
-            if best_key is None or key < best_key:
-                best_key, best_class = key, c
-        # A class's devices are alike and close: take what it has, up to what is still needed.
-        take = min(tables.size[best_class] - counts[best_class] - added[best_class], need)
-        added[best_class] += take
-        if tables.card_bit[best_class]:
-            open_cards |= tables.card_bit[best_class]
-        need -= take
-        state = state.add(tables, best_class, take)
-    return _rebuild(tables, counts, added)
-
-
-def _rebuild(tables: PoolTables, counts: list[int], added: list[int]) -> State:
-    """One pick per class, as the search makes them, so the IDs are the class's mandatory then smallest ones."""
-    state = State.empty(tables)
-    for c, (count, more) in enumerate(zip(counts, added)):
-        if count + more:
-            state = state.add(tables, c, count + more)
     return state

@@ -100,10 +100,13 @@ def pin(classes: list[int], picks: int, most: list[int], fewest: list[int]) -> b
     return True
 
 
-def fewest_unknown(classes: list[int], known: list, to_choose: int, most: list[int], fewest: list[int]) -> Unknowns:
+def fewest_unknown(classes: list[int], known: list, to_choose: int, most: list[int], fewest: list[int],
+                   known_optional: int | None = None) -> Unknowns:
     """How few of `to_choose` devices must be unknown in some respect: only as many as the known ones leave.
 
-    `known[c]` is truthy when class c is known. Pins both sides to that number.
+    `known[c]` is truthy when class c is known. `known_optional`, when given, is
+    the most optional known devices a selection may take (less than all their
+    room when, say, only so many cards may still open). Pins both sides to that number.
     """
     known_classes, blind = [], []
     known_room = blind_fewest = 0
@@ -114,6 +117,8 @@ def fewest_unknown(classes: list[int], known: list, to_choose: int, most: list[i
         else:
             blind.append(c)
             blind_fewest += fewest[c]
+    if known_optional is not None:
+        known_room = min(known_room, sum(fewest[c] for c in known_classes) + known_optional)
     count = max(blind_fewest, to_choose - known_room)
     if pin(blind, count, most, fewest) | pin(known_classes, to_choose - count, most, fewest):
         return Unknowns(count, [c for c in known_classes if most[c]], True)

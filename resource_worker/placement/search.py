@@ -13,10 +13,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from resource_worker.placement.bounds import INFEASIBLE, Bounds, Limits, Stage
+from resource_worker.placement.bounds import INFEASIBLE, Bounds, Limits, Stage, numa_choices
 from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.score import COMPONENTS, CROSS_ROOT
-from resource_worker.placement.state import RequestClasses, State
+from resource_worker.placement.state import RequestClasses, State, WorkMeter
+
+
+# About the work units per open class of computing one bound in full, for deciding whether it still fits.
+_FULL_BOUND_UNITS = 12
+# Work after which the distance bounds also use the search root's floors on the tree.
+_FLOORS_AFTER = 3000
+# Above this many ways to meet the NUMA optimum, the search starts from one root holding them all.
+_NUMA_ROOTS = 16
 
 
 class _Bound:
@@ -121,8 +129,8 @@ class Search:
         self.size = size
         self.budget = budget
         self.classes = RequestClasses(tables, mandatory)
-        self.bounds = Bounds(tables, self.classes)
-        self.expanded = 0
+        self.meter = WorkMeter(budget)
+        self.bounds = Bounds(tables, self.classes, self.meter)
         self.best: list = []
         self.open_bound: list | None = None
         n = len(tables.size)
@@ -136,23 +144,45 @@ class Search:
 
     @property
     def work(self) -> int:
-        return self.bounds.work + self.expanded
+        return self.meter.work
 
     def _spent(self) -> bool:
-        return self.work >= self.budget
+        work = self.work
+        if work >= _FLOORS_AFTER:
+            # A search still going after this much work is a hard one: the exact floors pay for themselves.
+            self.bounds.distances.with_floors = True
+        return work >= self.budget
 
     def run(self, incumbent: list) -> Outcome:
         """Searches from `incumbent` (score values of a valid selection, IDs last) for anything better."""
         self.best = incumbent
-        n = len(self.tables.size)
-        root = self._node(State.empty(self.tables), list(range(n)), self.size, self.tables.size,
-                          self.classes.mandatory)
+        roots = sorted(self._roots(), key=lambda root: root.bound)
         # First a probe that trusts every bound to be reached: when they are,
         # it walks straight to an optimum, which then prunes nearly everything.
         self._probe_found = False
-        self._visit(root, probe=True)
-        self._visit(root)
+        for root in roots:
+            if not self._probe_found:
+                self._visit(root, probe=True)
+        for root in roots:
+            self._visit(root)
         return Outcome(self.best[-1], self.best, self.open_bound is None, self.work, self.open_bound)
+
+    def _roots(self) -> list[_Node]:
+        """One root per way to meet the NUMA optimum: each then bounds cards and PCI for its NUMA nodes alone."""
+        n = len(self.tables.size)
+        choices, complete = numa_choices(self.tables, self.classes, self.size, _NUMA_ROOTS)
+        if not complete:
+            return [self._node(State.empty(self.tables), list(range(n)), self.size, self.tables.size,
+                               self.classes.mandatory)]
+        roots = []
+        for choice in choices:
+            most = choice.forced[:]
+            for c in choice.allowed:
+                most[c] = self.tables.size[c]
+            start = State.empty(self.tables)
+            start.origin = most, choice.forced
+            roots.append(self._node(start, [c for c in range(n) if most[c]], self.size, most, choice.forced))
+        return roots
 
     def _node(self, state: State, open_classes: list[int], to_choose: int, most: list[int],
               fewest: list[int]) -> _Node:
@@ -203,7 +233,7 @@ class Search:
         # The main walk meets the nodes of the probe's path again, often with the
         # same limits: their children are then the same and are made only once.
         if node.children is None or node.children[0] is not limits:
-            self.expanded += 1
+            self.meter.work += 1 + len(limits.open_classes)
             node.children = (limits, *self._expand(node, limits))
         _, single, children = node.children
         if single:
@@ -221,7 +251,11 @@ class Search:
                     return
                 if self._may_win(child):
                     hopeful.append(child)
-            hopeful.sort(key=lambda child: child.bound)
+            if self.work + len(hopeful) * _FULL_BOUND_UNITS * (1 + len(limits.open_classes)) <= self.budget:
+                hopeful.sort(key=lambda child: child.bound)
+            else:
+                # Comparing bounds in full could run past the budget: order by what is computed already.
+                hopeful.sort(key=lambda child: child.bound.known_prefix())
             for i, child in enumerate(hopeful):
                 if self._spent():
                     self._note_unexplored(hopeful[i:])
@@ -232,6 +266,9 @@ class Search:
             # (then the bound may still be reached), else the most promising one.
             chosen = None
             for child in children:
+                if self._spent():
+                    # The main walk will note this node as unexplored.
+                    return
                 if all(child.bound.get(j) == bound.get(j) for j in range(COMPONENTS)):
                     chosen = child
                     break
@@ -249,12 +286,16 @@ class Search:
         if fixed:
             # The bounds leave these classes one possible count: take it without branching.
             for c in fixed:
+                if self._spent():
+                    # Adding every pinned class can be long: stop, and count this node as unexplored.
+                    self._note_unexplored([node])
+                    return True, _Children(iter(()))
                 count = most[c]
                 swapped = self._swap_limits(c, count, most, fewest)
                 if swapped is None:
                     return True, _Children(iter(()))
                 most, fewest = swapped
-                state = state.add(self.tables, c, count)
+                state = self._add(state, c, count)
                 to_choose -= count
             rest = [c for c in open_classes if c not in fixed]
             return True, _Children(iter([self._node(state, rest, to_choose, most, fewest)]))
@@ -268,10 +309,15 @@ class Search:
         rest_most = sum(most[c] for c in rest)
         rest_fewest = sum(fewest[c] for c in rest)
         counts = range(min(most[branch], to_choose - rest_fewest), max(fewest[branch], to_choose - rest_most) - 1, -1)
-        return False, _Children(self._node(state.add(self.tables, branch, count) if count else state, rest,
+        return False, _Children(self._node(self._add(state, branch, count) if count else state, rest,
                                            to_choose - count, *swapped)
                                 for count in counts for swapped in [self._swap_limits(branch, count, most, fewest)]
                                 if swapped is not None)
+
+    def _add(self, state: State, cls: int, count: int) -> State:
+        # A state copies its per-class and per-node tables and walks the class's links.
+        self.meter.work += len(self.tables.links[cls]) + len(self.tables.above[cls])
+        return state.add(self.tables, cls, count)
 
     def _swap_limits(self, cls: int, count: int, most: list[int],
                      fewest: list[int]) -> tuple[list[int], list[int]] | None:

@@ -14,6 +14,17 @@ from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.relaxations import pairs
 
 
+class WorkMeter:
+    """The work units one request's search has spent, against its budget; shared by the search and its bounds."""
+
+    def __init__(self, budget: int) -> None:
+        self.work = 0
+        self.budget = budget
+
+    def spent(self) -> bool:
+        return self.work >= self.budget
+
+
 class Pick(NamedTuple):
     cls: int
     count: int
@@ -46,11 +57,13 @@ class State:
     root, `roots` devices, `root_depth` their depths and `root_sum` their
     distances; `held` devices below each tree node; per class, `slot_sum` and
     `slot_max` the total and farthest distance from one of its devices to the
-    chosen ones (-1: none under its root); `picks` what was chosen.
+    chosen ones (-1: none under its root); `picks` what was chosen; `origin`
+    the (most, fewest) limits of the search root it descends from, which hold
+    for every selection below it.
     """
 
     __slots__ = ("unknown", "numa_mask", "card_mask", "solo", "unreadable", "cross", "max_distance",
-                 "distance_sum", "roots", "root_depth", "root_sum", "held", "slot_sum", "slot_max", "picks")
+                 "distance_sum", "roots", "root_depth", "root_sum", "held", "slot_sum", "slot_max", "picks", "origin")
 
     @classmethod
     def empty(cls, tables: PoolTables) -> State:
@@ -62,6 +75,7 @@ class State:
         state.slot_sum = [0] * len(tables.size)
         state.slot_max = [-1] * len(tables.size)
         state.picks = ()
+        state.origin = None
         return state
 
     def _copy(self) -> State:
