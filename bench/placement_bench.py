@@ -136,18 +136,20 @@ def grpc_row(quick: bool) -> dict:
         requests = _every_size("grpc", ids)[::3 if quick else 1]
         added, round_trips = [], []
         for available, mandatory, size in requests:
+            in_process, round_trip = [], []
             for _ in range(GRPC_REPEATS):
                 started = time.perf_counter()
                 candidates = {r.device_id: candidate_from_record(r) for r in records}
                 expected = place(candidates, available, mandatory, size).devices
-                in_process = time.perf_counter() - started
+                in_process.append(time.perf_counter() - started)
                 started = time.perf_counter()
                 response = kubelet.preferred_allocation(common.VF64_RESOURCE, available, mandatory, size)
-                round_trip = time.perf_counter() - started
+                round_trip.append(time.perf_counter() - started)
                 if list(response.container_responses[0].deviceIDs) != expected:
                     raise AssertionError(f"the worker answered {size} devices differently from placement in-process")
-                added.append((round_trip - in_process) * 1000)
-                round_trips.append(round_trip * 1000)
+            # The fastest of each: a repeat that another process preempted says nothing about either.
+            added.append((min(round_trip) - min(in_process)) * 1000)
+            round_trips.append(min(round_trip) * 1000)
     row = {"benchmark": "placement/grpc-added", **common.spread(added), "calls": len(added),
            "round_trip_p50_ms": round(common.percentile(round_trips, 0.5), 3),
            "round_trip_p99_ms": round(common.percentile(round_trips, 0.99), 3),

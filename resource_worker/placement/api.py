@@ -22,7 +22,7 @@ from resource_worker.placement.search import Search
 # Search work per call: bound stages computed, classes and tree levels walked by the
 # distance bounds, nodes expanded. Calibrated so that a call spending all of it costs
 # at most about 25 ms of CPU on the reference machine (docs/placement.md).
-WORK_BUDGET = 6000
+WORK_BUDGET = 11000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +60,7 @@ def place(candidates: Mapping[str, Candidate], available: Sequence[str], must_in
     else:
         tables = tables_for(tuple(candidates[i] for i in request.pool))
         search = Search(tables, set(request.mandatory), size, budget)
-        seed = first_selection(tables, search.classes, size)
-        outcome = search.run(seed.score_values(search.classes))
+        outcome = search.run(first_selection(tables, search.classes, size, search.numa_choices))
         chosen, score = outcome.selection, Score(*outcome.score_values)
         work, proven = outcome.work, outcome.proven_optimal
         open_bound = None if outcome.open_bound is None else tuple(outcome.open_bound)

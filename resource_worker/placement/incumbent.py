@@ -11,26 +11,27 @@ or finds best, never this one unchecked.
 
 from __future__ import annotations
 
-from resource_worker.placement.bounds import numa_choices
+from resource_worker.placement.bounds import NumaChoice
 from resource_worker.placement.pool import PoolTables
-from resource_worker.placement.state import RequestClasses, State
+from resource_worker.placement.relaxations import pairs
+from resource_worker.placement.state import RequestClasses
 
 # NUMA node sets and anchor roots tried; each costs one greedy fill.
 _MAX_NUMA_SETS = 4
-_MAX_ANCHORS = 2
+_MAX_ANCHORS = 1
 
 
-def first_selection(tables: PoolTables, classes: RequestClasses, size: int) -> State:
-    """The best of a few greedy fills, one per choice of NUMA nodes and of the root to fill first."""
-    best: tuple[list, State] | None = None
-    for forced, allowed in numa_choices(tables, classes, size, _MAX_NUMA_SETS)[0]:
+def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choices: list[NumaChoice]) -> list:
+    """The score values (IDs last) of the best of a few greedy fills, one per way to meet the NUMA optimum
+    (`numa_choices`, roomiest first)."""
+    best: list | None = None
+    for forced, allowed in choices[:_MAX_NUMA_SETS]:
         for anchor in _anchors(tables, forced, allowed):
-            state = _fill(tables, forced, allowed, anchor, size)
-            values = state.score_values(classes)
-            if best is None or values < best[0]:
-                best = values, state
+            values = _fill(tables, classes, forced, allowed, anchor, size)
+            if best is None or values < best:
+                best = values
     assert best is not None
-    return best[1]
+    return best
 
 
 def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[int | None]:
@@ -49,7 +50,8 @@ def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[
     return ranked[:1] if held[ranked[0]] else ranked[:_MAX_ANCHORS]
 
 
-def _fill(tables: PoolTables, forced: list[int], allowed: list[int], anchor: int | None, size: int) -> State:
+def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowed: list[int], anchor: int | None,
+          size: int) -> list:
     counts = forced
     need = size - sum(counts)
     # Cards: the forced ones are paid; new ones are opened roomiest first while they are still needed.
@@ -75,15 +77,29 @@ def _fill(tables: PoolTables, forced: list[int], allowed: list[int], anchor: int
     slot_max = [-1] * len(counts)
     in_root = [0] * tables.n_roots
     taken = [0] * len(counts)
+    # The score as it adds up: unknown NUMA, NUMA nodes, solo devices, cards, unreadable, cross-root, max, sum.
+    score = [0, 0, 0, 0, 0, 0, 0, 0]
 
     def take(cls: int, count: int) -> None:
+        already = taken[cls]
         taken[cls] += count
-        if tables.root[cls] >= 0:
-            in_root[tables.root[cls]] += count
-            for other, distance in tables.links[cls]:
-                slot_sum[other] += count * distance
-                if distance > slot_max[other]:
-                    slot_max[other] = distance
+        score[0] += 0 if tables.numa_bit[cls] else count
+        score[1] |= tables.numa_bit[cls]
+        score[2] += 0 if tables.card_bit[cls] else count
+        score[3] |= tables.card_bit[cls]
+        x = tables.root[cls]
+        if x < 0:
+            score[4] += count
+            return
+        score[5] += count * (sum(in_root) - in_root[x])
+        in_root[x] += count
+        pairs_inside = pairs(already + count) - pairs(already)
+        score[6] = max(score[6], slot_max[cls], tables.intra[cls] if pairs_inside else 0)
+        score[7] += count * slot_sum[cls] + pairs_inside * tables.intra[cls]
+        for other, distance in tables.links[cls]:
+            slot_sum[other] += count * distance
+            if distance > slot_max[other]:
+                slot_max[other] = distance
 
     for c, count in enumerate(forced):
         if count:
@@ -113,13 +129,6 @@ def _fill(tables: PoolTables, forced: list[int], allowed: list[int], anchor: int
             open_cards |= tables.card_bit[best_class]
         need -= count
         take(best_class, count)
-    return _rebuild(tables, taken)
-
-
-def _rebuild(tables: PoolTables, counts: list[int]) -> State:
-    """One pick per class, as the search makes them, so the IDs are the class's mandatory then smallest ones."""
-    state = State.empty(tables)
-    for c, count in enumerate(counts):
-        if count:
-            state = state.add(tables, c, count)
-    return state
+    ids = tuple(sorted(i for c, count in enumerate(taken) if count for i in classes.ids(c, count)))
+    return [score[0], score[1].bit_count(), score[2] + score[3].bit_count(), score[4], score[5], score[6], score[7],
+            ids]

@@ -23,6 +23,8 @@ from resource_worker.placement.state import RequestClasses, State, WorkMeter
 _FULL_BOUND_UNITS = 12
 # Work after which the distance bounds also use the search root's floors on the tree.
 _FLOORS_AFTER = 3000
+# Work after which a search from one root starts over from one root per NUMA choice.
+_SPLIT_AFTER = 2000
 # Above this many ways to meet the NUMA optimum, the search starts from one root holding them all.
 _NUMA_ROOTS = 16
 
@@ -129,6 +131,7 @@ class Search:
         self.size = size
         self.budget = budget
         self.classes = RequestClasses(tables, mandatory)
+        self.numa_choices, self.numa_complete = numa_choices(tables, self.classes, size, _NUMA_ROOTS)
         self.meter = WorkMeter(budget)
         self.bounds = Bounds(tables, self.classes, self.meter)
         self.best: list = []
@@ -154,9 +157,25 @@ class Search:
         return work >= self.budget
 
     def run(self, incumbent: list) -> Outcome:
-        """Searches from `incumbent` (score values of a valid selection, IDs last) for anything better."""
+        """Searches from `incumbent` (score values of a valid selection, IDs last) for anything better.
+
+        Most requests are settled from one root holding every NUMA choice; a search that is not, within
+        `_SPLIT_AFTER` units, starts over from one root per NUMA choice, with the best selection so far.
+        """
         self.best = incumbent
-        roots = sorted(self._roots(), key=lambda root: root.bound)
+        if not self.numa_complete or len(self.numa_choices) == 1:
+            self._walk(self._roots(self.numa_complete))
+        else:
+            self.meter.budget = min(self.budget, _SPLIT_AFTER)
+            self._walk(self._roots(split=False))
+            self.meter.budget = self.budget
+            if self.open_bound is not None and not self.meter.spent():
+                self.open_bound = None
+                self._walk(self._roots(split=True))
+        return Outcome(self.best[-1], self.best, self.open_bound is None, self.work, self.open_bound)
+
+    def _walk(self, roots: list[_Node]) -> None:
+        roots.sort(key=lambda root: root.bound)
         # First a probe that trusts every bound to be reached: when they are,
         # it walks straight to an optimum, which then prunes nearly everything.
         self._probe_found = False
@@ -165,23 +184,24 @@ class Search:
                 self._visit(root, probe=True)
         for root in roots:
             self._visit(root)
-        return Outcome(self.best[-1], self.best, self.open_bound is None, self.work, self.open_bound)
 
-    def _roots(self) -> list[_Node]:
-        """One root per way to meet the NUMA optimum: each then bounds cards and PCI for its NUMA nodes alone."""
+    def _roots(self, split: bool) -> list[_Node]:
+        """One root for all, or one per way to meet the NUMA optimum: each of those then bounds cards and PCI
+        for its NUMA nodes alone."""
         n = len(self.tables.size)
-        choices, complete = numa_choices(self.tables, self.classes, self.size, _NUMA_ROOTS)
-        if not complete:
-            return [self._node(State.empty(self.tables), list(range(n)), self.size, self.tables.size,
-                               self.classes.mandatory)]
+        limits = [(self.tables.size, self.classes.mandatory)]
+        if split:
+            limits = []
+            for choice in self.numa_choices:
+                most = choice.forced[:]
+                for c in choice.allowed:
+                    most[c] = self.tables.size[c]
+                limits.append((most, choice.forced))
         roots = []
-        for choice in choices:
-            most = choice.forced[:]
-            for c in choice.allowed:
-                most[c] = self.tables.size[c]
+        for most, fewest in limits:
             start = State.empty(self.tables)
-            start.origin = most, choice.forced
-            roots.append(self._node(start, [c for c in range(n) if most[c]], self.size, most, choice.forced))
+            start.origin = most, fewest
+            roots.append(self._node(start, [c for c in range(n) if most[c]], self.size, most, fewest))
         return roots
 
     def _node(self, state: State, open_classes: list[int], to_choose: int, most: list[int],

@@ -12,6 +12,7 @@ from bench.placement_nodes import irregular_node
 from resource_worker.device_table import DeviceTable
 from resource_worker.placement import PlacementCheckError, place, score
 from resource_worker.placement import api as placement_api
+from resource_worker.placement.bounds import numa_choices
 from resource_worker.placement.incumbent import first_selection
 from resource_worker.placement.pool import tables_for
 from resource_worker.placement.state import RequestClasses
@@ -88,7 +89,10 @@ def test_a_cut_search_still_answers_at_least_as_well_as_its_first_answer(budget)
         assert answer.score == score(answer.devices, node)
         tables = tables_for(tuple(node[i] for i in ids))
         classes = RequestClasses(tables, set(mandatory))
-        assert list(answer.score) <= first_selection(tables, classes, size).score_values(classes)
+        choices, _ = numa_choices(tables, classes, size, 16)
+        first = first_selection(tables, classes, size, choices)
+        assert first == list(score(first[-1], node))
+        assert list(answer.score) <= first
         if not answer.proven_optimal:
             cut += 1
             component, bound, value = answer.shortfall()
