@@ -167,8 +167,7 @@ class Bounds:
         self.meter.work += 1 + len(current.open_classes)
         yield Stage((total * total - squares) // 2, current)
 
-        yield from self._distance_stages(state, current, to_choose, readable_count, quota_list,
-                                         state.solo + cards.groups)
+        yield from self._distance_stages(state, current, to_choose, readable_count, quota_list)
 
     def _root_quotas(self, state: State, readable: list[int], readable_count: int, numa: rx.OpenedGroups,
                      cards: rx.OpenedGroups, most: list[int], fewest: list[int]) -> tuple[int, list[list[int]] | None] \
@@ -219,12 +218,12 @@ class Bounds:
                                                  most, fewest))
 
     def _distance_stages(self, state: State, current: Limits, to_choose: int, readable_count: int,
-                         quotas: list[list[int]] | None, cards: int) -> Iterator[Stage]:
+                         quotas: list[list[int]] | None) -> Iterator[Stage]:
         """4. PCI distances: first the maximum, then, leaving out devices that would exceed it, the sum; 5. IDs."""
         tables = self.tables
         most, fewest = current.most[:], current.fewest[:]
         readable = [c for c in current.open_classes if tables.root[c] >= 0]
-        options = self.distances.options(state, readable, readable_count, quotas, cards, most, fewest) \
+        options = self.distances.options(state, readable, readable_count, quotas, most, fewest) \
             if rx.feasible(current.open_classes, to_choose, most, fewest) else []
         limit = min((option.max_distance for option in options), default=INFEASIBLE)
         if limit == INFEASIBLE:
@@ -244,7 +243,7 @@ class Bounds:
         if narrowed:
             readable = [c for c in current.open_classes if tables.root[c] >= 0]
             quotas = None if quotas is None else [option.quota for option in options]
-            options = self.distances.options(state, readable, readable_count, quotas, cards, most, fewest) \
+            options = self.distances.options(state, readable, readable_count, quotas, most, fewest) \
                 if rx.feasible(current.open_classes, to_choose, most, fewest) else []
         lowest = min((option.distance_sum for option in options), default=INFEASIBLE)
         if lowest == INFEASIBLE:

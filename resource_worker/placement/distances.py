@@ -3,10 +3,9 @@
 Invariant: for a split of new devices over roots, `DistanceBounds.options`
 never returns a larger (max, sum) than any completion spreading its devices
 that way reaches, and the tree nodes it says must stay empty or fill up do so
-in every completion meeting its sum bound exactly. Per root it combines a
-level-by-level bound, cheap and shared by the search nodes that agree on that
-root, with the search root's exact floors on the tree once a search has
-proved hard.
+in every completion meeting its sum bound exactly. Per root the bound is
+built level by level over the tree and shared by the search nodes that agree
+on that root.
 """
 
 from __future__ import annotations
@@ -14,10 +13,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from resource_worker.placement import relaxations as rx
-from resource_worker.placement.diameter import Diameters
 from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.state import State, WorkMeter
-from resource_worker.placement.tree_sums import TreeSums
 
 
 class DistanceOption(NamedTuple):
@@ -74,14 +71,9 @@ class DistanceBounds:
     def __init__(self, tables: PoolTables, meter: WorkMeter) -> None:
         self.tables = tables
         self.meter = meter
-        self.with_floors = False
-        """Whether the bounds also take the search root's exact floors (dearer to build)."""
         # Keyed on a root's chosen devices and limits: its shape, and its bound per number of devices added.
         self._root_shapes: dict[tuple, RootShape] = {}
         self._root_bounds: dict[tuple, RootBound | None] = {}
-        # Per search root and PCI root: the floors on the largest distance and on the distance sum.
-        self._diameters: dict[tuple[int, int], tuple[Diameters, int, int]] = {}
-        self._sums: dict[tuple[int, int], TreeSums] = {}
 
     def fill_tree(self, classes: list[int], option: DistanceOption, most: list[int], fewest: list[int]) -> None:
         """Narrows the limits to the completions that fill the tree as this option's sum bound does."""
@@ -92,9 +84,8 @@ class DistanceBounds:
                 fewest[c] = most[c]
 
     def options(self, state: State, readable: list[int], readable_count: int, quotas: list[list[int]] | None,
-                cards: int, most: list[int], fewest: list[int]) -> list[DistanceOption]:
-        """Lower bounds on the final (max, sum) distances, per possible split between roots, for completions
-        with `cards` cards in all."""
+                most: list[int], fewest: list[int]) -> list[DistanceOption]:
+        """Lower bounds on the final (max, sum) distances, per possible split between roots."""
         tables = self.tables
         if quotas is None:
             # Unknown split between roots: only distances to chosen devices count.
@@ -127,68 +118,12 @@ class DistanceBounds:
                 bound = self._root_bounds[key]
                 if bound is None:
                     break
-                floor = least_sum = 0
-                if self.with_floors:
-                    floor = self._diameter_floor(state, x, added, cards)
-                    least_sum = self._sum_floor(state, x, added)
-                worst = max(worst, bound.max_distance, floor)
-                if least_sum > bound.distance_sum:
-                    # The tree program's floor binds: how the level bound fills the tree says nothing then.
-                    total += least_sum
-                else:
-                    total += bound.distance_sum
-                    empty |= bound.empty
-                    full |= bound.full
+                worst, total = max(worst, bound.max_distance), total + bound.distance_sum
+                empty |= bound.empty
+                full |= bound.full
             else:
                 options.append(DistanceOption(quota, worst, total, empty, full))
         return options
-
-    def _affordable(self, estimate: int) -> bool:
-        """Whether a floor costing about `estimate` units still fits in the work budget: one that does not
-        is left out (the cheaper bound stands alone), so no single step overshoots the budget."""
-        return self.meter.work + estimate <= self.meter.budget
-
-    def _sum_floor(self, state: State, root: int, added: int) -> float:
-        """The least the distances under `root` can grow by once `added` more devices join, as the search
-        root's limits allow."""
-        if state.origin is None:
-            return 0
-        key = id(state.origin), root
-        if key not in self._sums:
-            self._sums[key] = TreeSums(self.tables, root, *state.origin)
-        sums = self._sums[key]
-        count = state.roots[root] + added
-        if not sums.known(count) and not self._affordable(sums.estimate(count)):
-            return 0
-        before = sums.cost
-        least = sums.least(count)
-        self.meter.work += sums.cost - before
-        return least - state.root_sum[root]
-
-    def _diameter_floor(self, state: State, root: int, added: int, cards: int) -> int:
-        """The least largest distance the devices under `root` can have once `added` more join, with `cards`
-        cards in all, as the search root's limits allow: those hold for every selection below it."""
-        if state.origin is None:
-            return 0
-        key = id(state.origin), root
-        if key not in self._diameters:
-            classes = len(self.tables.by_root[root])
-            if not self._affordable((2 * len(self.tables.root_nodes[root]) + classes) * classes):
-                return 0
-            most, fewest = state.origin
-            paid = solo = 0
-            for c, count in enumerate(fewest):
-                if count:
-                    paid |= self.tables.card_bit[c]
-                    solo += count if not self.tables.card_bit[c] else 0
-            floors = Diameters(self.tables, root, most, fewest)
-            self.meter.work += floors.cost
-            self._diameters[key] = floors, paid, paid.bit_count() + solo
-        floors, paid, paid_count = self._diameters[key]
-        before = floors.cost
-        value = floors.floor_with_cards(state.roots[root] + added, paid, cards - paid_count)
-        self.meter.work += floors.cost - before
-        return value
 
     def _root_shape(self, state: State, classes: list[int], most: list[int], fewest: list[int]) -> RootShape:
         tables = self.tables

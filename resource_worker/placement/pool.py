@@ -95,33 +95,7 @@ class PoolTables:
         self.chains = self._chains(groups, card_sizes, tree)
         self.links = self._links()
         self.split = [tree.closest_split(node) for node in node_index]
-        self.node_depth = [len(node) for node in node_index]
-        paths = list(node_index)
-        self.parent_node = [node_index.get(path[:-1], -1) for path in paths]
-        self.ancestors = [frozenset(node_index[path[:i]] for i in range(1, len(path) + 1)) for path in paths]
-        self.root_nodes: list[list[int]] = [[] for _ in range(self.n_roots)]
-        for v, path in enumerate(paths):
-            self.root_nodes[root_index[path[0]]].append(v)
-        self.node_of_shared = [nodes[-1] if nodes else -1 for nodes in self.above]
-        self.node_root = [root_index[path[0]] for path in paths]
-        self.by_root: list[list[int]] = [[] for _ in range(self.n_roots)]
-        for c, x in enumerate(self.root):
-            if x >= 0:
-                self.by_root[x].append(c)
-        # Filled on demand by distances_from; shared, like every table, by the requests for the pool.
-        self._distances: dict[int, dict[int, int]] = {}
         self.levels = self._levels(node_index, root_index)
-
-    def distance(self, node: int, cls: int) -> int:
-        """Hops from a tree node to a device of a class under the same root."""
-        return self.node_depth[node] + self.depth[cls] - 2 * len(self.ancestors[node] & self.above_set[cls])
-
-    def distances_from(self, node: int) -> dict[int, int]:
-        """Hops from a tree node to the devices of every class under its root; worked out once per pool."""
-        found = self._distances.get(node)
-        if found is None:
-            found = self._distances[node] = {c: self.distance(node, c) for c in self.by_root[self.node_root[node]]}
-        return found
 
     def _chains(self, groups: list[tuple[ClassKey, list[Candidate]]], card_sizes: dict[str, int],
                 tree: _Tree) -> list[list[int]]:
@@ -153,7 +127,7 @@ class PoolTables:
         for c, x in enumerate(self.root):
             if x >= 0:
                 by_root[x].append(c)
-        above = self.above_set = [frozenset(nodes) for nodes in self.above]
+        above = [frozenset(nodes) for nodes in self.above]
         for classes in by_root:
             for i, a in enumerate(classes):
                 for b in classes[i + 1:]:

@@ -21,8 +21,6 @@ from resource_worker.placement.state import RequestClasses, State, WorkMeter
 
 # About the work units per open class of computing one bound in full, for deciding whether it still fits.
 _FULL_BOUND_UNITS = 12
-# Work after which the distance bounds also use the search root's floors on the tree.
-_FLOORS_AFTER = 3000
 # Work after which a search from one root starts over from one root per NUMA choice.
 _SPLIT_AFTER = 2000
 # Above this many ways to meet the NUMA optimum, the search starts from one root holding them all.
@@ -150,11 +148,7 @@ class Search:
         return self.meter.work
 
     def _spent(self) -> bool:
-        work = self.work
-        if work >= _FLOORS_AFTER:
-            # A search still going after this much work is a hard one: the exact floors pay for themselves.
-            self.bounds.distances.with_floors = True
-        return work >= self.budget
+        return self.work >= self.budget
 
     def run(self, incumbent: list) -> Outcome:
         """Searches from `incumbent` (score values of a valid selection, IDs last) for anything better.
@@ -199,9 +193,8 @@ class Search:
                 limits.append((most, choice.forced))
         roots = []
         for most, fewest in limits:
-            start = State.empty(self.tables)
-            start.origin = most, fewest
-            roots.append(self._node(start, [c for c in range(n) if most[c]], self.size, most, fewest))
+            roots.append(self._node(State.empty(self.tables), [c for c in range(n) if most[c]], self.size, most,
+                                    fewest))
         return roots
 
     def _node(self, state: State, open_classes: list[int], to_choose: int, most: list[int],

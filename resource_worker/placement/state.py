@@ -57,13 +57,11 @@ class State:
     root, `roots` devices, `root_depth` their depths and `root_sum` their
     distances; `held` devices below each tree node; per class, `slot_sum` and
     `slot_max` the total and farthest distance from one of its devices to the
-    chosen ones (-1: none under its root); `picks` what was chosen; `origin`
-    the (most, fewest) limits of the search root it descends from, which hold
-    for every selection below it.
+    chosen ones (-1: none under its root); `picks` what was chosen.
     """
 
     __slots__ = ("unknown", "numa_mask", "card_mask", "solo", "unreadable", "cross", "max_distance",
-                 "distance_sum", "roots", "root_depth", "root_sum", "held", "slot_sum", "slot_max", "picks", "origin")
+                 "distance_sum", "roots", "root_depth", "root_sum", "held", "slot_sum", "slot_max", "picks")
 
     @classmethod
     def empty(cls, tables: PoolTables) -> State:
@@ -75,7 +73,6 @@ class State:
         state.slot_sum = [0] * len(tables.size)
         state.slot_max = [-1] * len(tables.size)
         state.picks = ()
-        state.origin = None
         return state
 
     def _copy(self) -> State:

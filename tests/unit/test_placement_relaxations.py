@@ -5,15 +5,10 @@ They all feed pruning: an overestimate of what a completion can reach would lose
 
 import itertools
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resource_worker.placement import relaxations as rx
-from resource_worker.placement.diameter import Diameters
-from resource_worker.placement.pool import PoolTables
-from resource_worker.placement.score import distance
-from resource_worker.placement.tree_sums import TreeSums
-from tests.unit.test_placement import _instances
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,51 +91,3 @@ def test_room_in_new_groups_bounds_every_selection_with_fewest_groups(classes, p
         if _groups_opened(group, paid, c) == fewest_groups:
             assert sum(c[i] - fewest[i] for i in under_root) <= room
 
-
-# -- floors over the PCI tree, against every selection of small pools -------------------------------
-
-def _root_pools(instance):
-    """(node, tables, root, most, fewest, device IDs under the root, mandatory among them) per root of an instance."""
-    node, available, mandatory = instance
-    tables = PoolTables(tuple(node[i] for i in sorted(set(available))))
-    for root in range(tables.n_roots):
-        most = [len(ids) if tables.root[c] == root else 0 for c, ids in enumerate(tables.ids)]
-        fewest = [sum(i in mandatory for i in ids) if tables.root[c] == root else 0 for c, ids in enumerate(tables.ids)]
-        devices = [i for c, ids in enumerate(tables.ids) if tables.root[c] == root for i in ids]
-        yield node, tables, root, most, fewest, devices, [i for i in devices if i in mandatory]
-
-
-def _selections_under(devices, forced, size):
-    return [s for s in itertools.combinations(devices, size) if set(forced) <= set(s)]
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_instances())
-def test_tree_sums_are_the_least_distance_sums(instance):
-    for node, tables, root, most, fewest, devices, forced in _root_pools(instance):
-        sums = TreeSums(tables, root, most, fewest)
-        for size in range(max(1, len(forced)), len(devices) + 1):
-            assert sums.least(size) == min(sum(distance(node[a].pci_path, node[b].pci_path)
-                                               for a, b in itertools.combinations(s, 2))
-                                           for s in _selections_under(devices, forced, size))
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_instances())
-def test_diameter_floors_never_exceed_a_selection(instance):
-    for node, tables, root, most, fewest, devices, forced in _root_pools(instance):
-        floors = Diameters(tables, root, most, fewest)
-        paid = 0
-        for c, count in enumerate(fewest):
-            paid |= tables.card_bit[c] if count else 0
-        paid_count = paid.bit_count() + sum(count for c, count in enumerate(fewest) if not tables.card_bit[c])
-        for size in range(max(2, len(forced)), len(devices) + 1):
-            for selection in _selections_under(devices, forced, size):
-                largest = max(distance(node[a].pci_path, node[b].pci_path)
-                              for a, b in itertools.combinations(selection, 2))
-                assert floors.floor_with_cards(size, paid, len(devices)) <= largest
-                # Cards as the pool's tables see them: a card with one device of the pool is none.
-                cards = {tables.card_bit[c] for c, ids in enumerate(tables.ids) for i in ids if i in selection}
-                used = len(cards - {0}) + sum(1 for c, ids in enumerate(tables.ids) for i in ids
-                                              if i in selection and not tables.card_bit[c])
-                assert floors.floor_with_cards(size, paid, used - paid_count) <= largest
