@@ -12,10 +12,11 @@ from bench.placement_nodes import irregular_node
 from resource_worker.device_table import DeviceTable
 from resource_worker.placement import PlacementCheckError, place, score
 from resource_worker.placement import api as placement_api
-from resource_worker.placement.bounds import numa_choices
+from resource_worker.placement.bounds import Limits, numa_choices
 from resource_worker.placement.incumbent import first_selection
 from resource_worker.placement.pool import tables_for
-from resource_worker.placement.state import RequestClasses
+from resource_worker.placement.search import Search
+from resource_worker.placement.state import RequestClasses, State
 from resource_worker.servicer import DevicePluginServicer
 from shared.deviceplugin.v1beta1 import api_pb2
 from shared.resources import Resource
@@ -164,3 +165,17 @@ def test_the_servicer_falls_back_to_the_kubelet_when_the_check_fires(monkeypatch
     fallbacks = [r for r in records if r["message"] == "Preferred allocation fallback to kubelet"]
     assert len(fallbacks) == 1 and fallbacks[0]["level"].name == "WARNING"
     assert "PlacementCheckError" in fallbacks[0]["extra"]["err"] and "repeated" in fallbacks[0]["extra"]["err"]
+
+
+def test_a_node_whose_classes_can_give_nothing_more_has_no_children():
+    # Devices still to choose while no open class may give one: the search once called min() over no
+    # classes there (ValueError) and the request fell back to the kubelet.
+    node = irregular_node(5, 32)
+    ids = sorted(node)
+    tables = tables_for(tuple(node[i] for i in ids))
+    search = Search(tables, set(), 4, placement_api.WORK_BUDGET)
+    nothing = [0] * len(tables.size)
+    limits = Limits(list(range(len(nothing))), nothing, nothing)
+    stuck = search._node(State.empty(tables), limits.open_classes, 4, nothing, nothing)
+    single, children = search._expand(stuck, limits)
+    assert single and list(children) == []
