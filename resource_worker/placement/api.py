@@ -19,10 +19,10 @@ from resource_worker.placement.request import Candidate, check_answer, validate
 from resource_worker.placement.score import Score
 from resource_worker.placement.search import Search
 
-# Search work per call: bound stages computed, classes and tree levels walked by the
-# distance bounds, nodes expanded. Calibrated so that a call spending all of it costs
-# at most about 25 ms of CPU on the reference machine (docs/placement.md).
-WORK_BUDGET = 11000
+# Search work per call, in classes and tree nodes looked at (bounds) and classes added
+# (branches). Calibrated on CPU time: a call spending all of it costs 10-15 ms alone and
+# up to about 25 ms in a long run of calls on the reference machine (docs/placement.md).
+WORK_BUDGET = 10000
 
 
 @dataclasses.dataclass(frozen=True)
