@@ -129,11 +129,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                      size=size, provenOptimal=placement.proven_optimal, searchWork=placement.work)
         shortfall = placement.shortfall()
         if shortfall is not None:
-            component, bound, answer = shortfall
             # Not a failure: the answer is valid and at least as good as the heuristic's; it may not be the best.
             logger.debug("Preferred allocation search stopped at its work bound", resourceName=self._resource,
-                         searchWork=placement.work, workBudget=WORK_BUDGET, openComponent=component,
-                         openBound=_short(bound), answerValue=_short(answer))
+                         searchWork=placement.work, workBudget=WORK_BUDGET, openComponent=shortfall.component,
+                         openBound=_short(shortfall.bound), answerValue=_short(shortfall.answer))
 
     def _fallback(self, container, reason: str) -> None:
         logger.warning("Preferred allocation fallback to kubelet", resourceName=self._resource, err=reason[:512],

@@ -7,6 +7,9 @@ look-alike devices (`pool`), pruning with per-component lower bounds (`bounds`)
 built from pure relaxations (`relaxations`), starting from a greedy first
 answer (`incumbent`), within a fixed amount of work. `request` holds what
 crosses the boundary: candidates, validation and the check of every answer.
+
+Invariant: callers use only what this module exports; everything else is the
+search's own and may change with it.
 """
 
 from resource_worker.placement.api import WORK_BUDGET, Placement, place, preferred_allocation

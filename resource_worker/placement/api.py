@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from resource_worker.placement.incumbent import first_selection
 from resource_worker.placement.pool import tables_for
@@ -23,6 +24,15 @@ from resource_worker.placement.search import Search
 # (branches). Calibrated on CPU time: a call spending all of it costs 10-15 ms alone and
 # up to about 25 ms in a long run of calls on the reference machine (docs/placement.md).
 WORK_BUDGET = 10000
+
+
+class Shortfall(NamedTuple):
+    component: str
+    """The first score component on which some unexplored selection might still beat the answer."""
+    bound: object
+    """The lowest bound left there (None: not computed before the budget ran out)."""
+    answer: object
+    """The answer's own value of that component."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +47,15 @@ class Placement:
     open_bound: tuple | None
     """When the search was cut: the lowest bound left unexplored, as far as it was computed."""
 
-    def shortfall(self) -> tuple[str, object, object] | None:
+    def shortfall(self) -> Shortfall | None:
         """When cut: the first component where the answer may be beaten, the bound there and the answer's value."""
         if self.open_bound is None or self.score is None:
             return None
         for name, bound, value in zip(Score._fields, self.open_bound, self.score):
             if bound != value:
-                return name, bound, value
+                return Shortfall(name, bound, value)
         name = Score._fields[min(len(self.open_bound), len(Score._fields) - 1)]
-        return name, None, getattr(self.score, name)
+        return Shortfall(name, None, getattr(self.score, name))
 
 
 def place(candidates: Mapping[str, Candidate], available: Sequence[str], must_include: Sequence[str], size: int,

@@ -31,6 +31,19 @@ class NumaChoice(NamedTuple):
     """The classes that may give more than that."""
 
 
+class NumaChoices(NamedTuple):
+    choices: list[NumaChoice]
+    complete: bool
+    """Whether these are all of them."""
+
+
+class RootQuotas(NamedTuple):
+    squares: int
+    """The most of sum(devices per root ** 2) a completion reaches."""
+    quotas: list[list[int]] | None
+    """New devices per root in every split reaching it; None when there were too many roots to try."""
+
+
 class Limits(NamedTuple):
     """Classes still open, with the most and the fewest devices each may still give."""
 
@@ -46,7 +59,7 @@ class Stage(NamedTuple):
     limits: Limits | None
 
 
-def numa_choices(tables: PoolTables, classes: RequestClasses, size: int, limit: int) -> tuple[list[NumaChoice], bool]:
+def numa_choices(tables: PoolTables, classes: RequestClasses, size: int, limit: int) -> NumaChoices:
     """Every way to meet the NUMA component's optimum: the fewest unknown-NUMA devices, then a smallest
     set of NUMA nodes with room for the rest (when known devices run short: all of them, and unknown ones).
 
@@ -60,7 +73,7 @@ def numa_choices(tables: PoolTables, classes: RequestClasses, size: int, limit: 
     unknown_forced = sum(mandatory[c] for c in range(n) if not tables.numa_bit[c])
     if size - sum(tables.size[c] for c in known) > unknown_forced:
         forced = [tables.size[c] if tables.numa_bit[c] else mandatory[c] for c in range(n)]
-        return [NumaChoice(forced, [c for c in range(n) if not tables.numa_bit[c]])], True
+        return NumaChoices([NumaChoice(forced, [c for c in range(n) if not tables.numa_bit[c]])], True)
     room: dict[int, int] = {}
     paid = 0
     for c in known:
@@ -75,11 +88,11 @@ def numa_choices(tables: PoolTables, classes: RequestClasses, size: int, limit: 
     choices = []
     for tried, subset in enumerate(itertools.combinations(unpaid, extra)):
         if len(choices) == limit or tried == _NUMA_SETS_TRIED:
-            return choices, False
+            return NumaChoices(choices, False)
         if sum(room[bit] for bit in subset) >= need:
             nodes = paid | sum(subset)
             choices.append(NumaChoice(mandatory[:], [c for c in known if tables.numa_bit[c] & nodes]))
-    return choices, True
+    return NumaChoices(choices, True)
 
 
 def _limits(open_classes: list[int], most: list[int], fewest: list[int]) -> Limits:
@@ -160,7 +173,7 @@ class Bounds:
         if quotas is None:
             yield Stage(INFEASIBLE, None)
             return
-        squares, quota_list = quotas
+        squares, quota_list = quotas.squares, quotas.quotas
         total = sum(state.roots) + readable_count
         if quota_list is not None and rx.pin_roots(tables.root, unreadable.known_classes, quota_list, most, fewest):
             current = _limits(current.open_classes, most, fewest)
@@ -170,8 +183,7 @@ class Bounds:
         yield from self._distance_stages(state, current, to_choose, readable_count, quota_list)
 
     def _root_quotas(self, state: State, readable: list[int], readable_count: int, numa: rx.OpenedGroups,
-                     cards: rx.OpenedGroups, most: list[int], fewest: list[int]) -> tuple[int, list[list[int]] | None] \
-            | None:
+                     cards: rx.OpenedGroups, most: list[int], fewest: list[int]) -> RootQuotas | None:
         """The most of sum(devices per root ** 2) and every quota of devices per root reaching it.
 
         A completion meeting the NUMA and card bounds opens only so many new
@@ -196,7 +208,7 @@ class Bounds:
         # Squares are strictly convex, so only the best splits reach the bound:
         # a completion meeting it spreads its devices over the roots as one of them does.
         quotas = None if splits.best is None else [[f + a for f, a in zip(floor, split)] for split in splits.best]
-        return splits.squares, quotas
+        return RootQuotas(splits.squares, quotas)
 
     def _optional_room(self, classes: list[int], numa: rx.OpenedGroups, cards: rx.OpenedGroups, most: list[int],
                        fewest: list[int]) -> int:

@@ -38,12 +38,12 @@ COMPONENTS = len(Score._fields)
 NUMA, CARDS, CROSS_ROOT, MAX_DISTANCE = 1, 2, 4, 5
 
 
-def distance(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-    """Hops between two devices under one root: depth(a) + depth(b) - 2 * depth(lowest common ancestor)."""
+def distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:
+    """Hops between two devices under one root: the depths of both less twice their lowest common ancestor's."""
     common = 0
-    while common < min(len(a), len(b)) and a[common] == b[common]:
+    while common < min(len(first), len(second)) and first[common] == second[common]:
         common += 1
-    return len(a) + len(b) - 2 * common
+    return len(first) + len(second) - 2 * common
 
 
 def score(selection: Iterable[str], candidates: Mapping[str, Candidate]) -> Score:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from resource_worker.placement.bounds import INFEASIBLE, Bounds, Limits, Stage, numa_choices
 from resource_worker.placement.pool import PoolTables
@@ -86,7 +87,7 @@ class _Node:
         self.bound = bound
         self.to_choose = to_choose
         self.state = state
-        self.children: tuple[Limits, bool, _Children] | None = None
+        self.children: _Expansion | None = None
 
 
 class _Children:
@@ -109,6 +110,21 @@ class _Children:
                 self._made.append(child)
             yield self._made[i]
             i += 1
+
+
+class Counts(NamedTuple):
+    """The most and the fewest devices each class may give."""
+
+    most: list[int]
+    fewest: list[int]
+
+
+class _Expansion(NamedTuple):
+    limits: Limits
+    """The limits the children were made within."""
+    single: bool
+    """Whether no branching was needed: the one child takes every class the limits pinned."""
+    children: _Children
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,10 +261,10 @@ class Search:
                 return
         # The main walk meets the nodes of the probe's path again, often with the
         # same limits: their children are then the same and are made only once.
-        if node.children is None or node.children[0] is not limits:
+        if node.children is None or node.children.limits is not limits:
             self.meter.work += 1 + len(limits.open_classes)
-            node.children = (limits, *self._expand(node, limits))
-        _, single, children = node.children
+            node.children = self._expand(node, limits)
+        single, children = node.children.single, node.children.children
         if single:
             for child in children:
                 self._visit(child, probe)
@@ -290,8 +306,8 @@ class Search:
             if chosen is not None:
                 self._visit(chosen, probe)
 
-    def _expand(self, node: _Node, limits: Limits) -> tuple[bool, _Children]:
-        """(whether no branching was needed, the children) of a node within these limits."""
+    def _expand(self, node: _Node, limits: Limits) -> _Expansion:
+        """The children of a node within these limits."""
         state, to_choose = node.state, node.to_choose
         open_classes, most, fewest = limits
         open_classes = [c for c in open_classes if most[c] > 0]
@@ -302,19 +318,19 @@ class Search:
                 if self._spent():
                     # Adding every pinned class can be long: stop, and count this node as unexplored.
                     self._note_unexplored([node])
-                    return True, _Children(iter(()))
+                    return _Expansion(limits, True, _Children(iter(())))
                 count = most[c]
                 swapped = self._swap_limits(c, count, most, fewest)
                 if swapped is None:
-                    return True, _Children(iter(()))
+                    return _Expansion(limits, True, _Children(iter(())))
                 most, fewest = swapped
                 state = self._add(state, c, count)
                 to_choose -= count
             rest = [c for c in open_classes if c not in fixed]
-            return True, _Children(iter([self._node(state, rest, to_choose, most, fewest)]))
+            return _Expansion(limits, True, _Children(iter([self._node(state, rest, to_choose, most, fewest)])))
         if not open_classes:
             # Devices are still to be chosen but no class may give any: nothing completes this node.
-            return True, _Children(iter(()))
+            return _Expansion(limits, True, _Children(iter(())))
         # Cheap to get: the limits once the cross-root bound is met guide the branching.
         node.bound.get(CROSS_ROOT)
         branch = self._branch_class(state, open_classes, most, to_choose, node.bound.limits(CROSS_ROOT + 1))
@@ -322,10 +338,10 @@ class Search:
         rest_most = sum(most[c] for c in rest)
         rest_fewest = sum(fewest[c] for c in rest)
         counts = range(min(most[branch], to_choose - rest_fewest), max(fewest[branch], to_choose - rest_most) - 1, -1)
-        return False, _Children(self._node(self._add(state, branch, count) if count else state, rest,
-                                           to_choose - count, *swapped)
-                                for count in counts for swapped in [self._swap_limits(branch, count, most, fewest)]
-                                if swapped is not None)
+        children = (self._node(self._add(state, branch, count) if count else state, rest, to_choose - count, *swapped)
+                    for count in counts for swapped in [self._swap_limits(branch, count, most, fewest)]
+                    if swapped is not None)
+        return _Expansion(limits, False, _Children(children))
 
     def _add(self, state: State, cls: int, count: int) -> State:
         # A state copies its per-class and per-node tables and walks the class's links.
@@ -333,11 +349,11 @@ class Search:
         return state.add(self.tables, cls, count)
 
     def _swap_limits(self, cls: int, count: int, most: list[int],
-                     fewest: list[int]) -> tuple[list[int], list[int]] | None:
+                     fewest: list[int]) -> Counts | None:
         """The limits once a class gives `count` devices, with its swap neighbours ordered; None if impossible."""
         before, after = self.swap_prev[cls], self.swap_next[cls]
         if before < 0 and after < 0:
-            return most, fewest
+            return Counts(most, fewest)
         most, fewest = most[:], fewest[:]
         most[cls] = fewest[cls] = count
         if before >= 0:
@@ -346,7 +362,7 @@ class Search:
             most[after] = min(most[after], count)
         if any(fewest[c] > most[c] for c in (before, after) if c >= 0):
             return None
-        return most, fewest
+        return Counts(most, fewest)
 
     def _narrow(self, bound: _Bound) -> Limits | None:
         """None when no completion can beat the best selection, else the limits that still hold.

@@ -90,14 +90,15 @@ def test_a_cut_search_still_answers_at_least_as_well_as_its_first_answer(budget)
         assert answer.score == score(answer.devices, node)
         tables = tables_for(tuple(node[i] for i in ids))
         classes = RequestClasses(tables, set(mandatory))
-        choices, _ = numa_choices(tables, classes, size, 16)
+        choices = numa_choices(tables, classes, size, 16).choices
         first = first_selection(tables, classes, size, choices)
         assert first == list(score(first[-1], node))
         assert list(answer.score) <= first
         if not answer.proven_optimal:
             cut += 1
-            component, bound, value = answer.shortfall()
-            assert component in answer.score._fields and (bound is None or bound < value)
+            shortfall = answer.shortfall()
+            assert shortfall.component in answer.score._fields
+            assert shortfall.bound is None or shortfall.bound < shortfall.answer
         else:
             assert answer.shortfall() is None
     if budget == 1:
@@ -177,5 +178,5 @@ def test_a_node_whose_classes_can_give_nothing_more_has_no_children():
     nothing = [0] * len(tables.size)
     limits = Limits(list(range(len(nothing))), nothing, nothing)
     stuck = search._node(State.empty(tables), limits.open_classes, 4, nothing, nothing)
-    single, children = search._expand(stuck, limits)
-    assert single and list(children) == []
+    expansion = search._expand(stuck, limits)
+    assert expansion.single and list(expansion.children) == []
