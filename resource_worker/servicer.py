@@ -15,7 +15,7 @@ from loguru import logger
 
 from resource_worker.allocation import AllocationError, Allocator, ContainerAllocation, ErrorKind
 from resource_worker.device_table import Advertised, DeviceTable
-from resource_worker.placement import PlacementRequestError, candidate_from_record, preferred_allocation
+from resource_worker.placement import WORK_BUDGET, Placement, PlacementRequestError, candidate_from_record, place
 from resource_worker.streams import StreamTracker
 from resource_worker.tracing import AllocateTrace, AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
@@ -53,6 +53,11 @@ def container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllo
 
 def _ms(since: float) -> float:
     return round((time.monotonic() - since) * 1000, 3)
+
+
+def _short(value: object) -> object:
+    """A score component as a log record carries it: the IDs component bounded like any ID list."""
+    return _logged(list(value)) if isinstance(value, tuple) else value
 
 
 def _logged(ids: Sequence[str]) -> list[str]:
@@ -108,16 +113,26 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for container in request.container_requests:
             chosen: list[str] = []
             try:
-                chosen = preferred_allocation(candidates, list(container.available_deviceIDs),
-                                              list(container.must_include_deviceIDs), container.allocation_size)
-                logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=chosen,
-                             size=container.allocation_size)
+                placement = place(candidates, list(container.available_deviceIDs),
+                                  list(container.must_include_deviceIDs), container.allocation_size)
+                chosen = placement.devices
+                self._log_placement(placement, container.allocation_size)
             except PlacementRequestError as exc:
                 self._fallback(container, str(exc))
             except Exception as exc:  # never an error to the kubelet: it would fail pod admission
                 self._fallback(container, f"internal error: {type(exc).__name__}: {exc}")
             response.container_responses.add(deviceIDs=chosen)
         return response
+
+    def _log_placement(self, placement: Placement, size: int) -> None:
+        logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=_logged(placement.devices),
+                     size=size, provenOptimal=placement.proven_optimal, searchWork=placement.work)
+        shortfall = placement.shortfall()
+        if shortfall is not None:
+            # Not a failure: the answer is valid and at least as good as the heuristic's; it may not be the best.
+            logger.debug("Preferred allocation search stopped at its work bound", resourceName=self._resource,
+                         searchWork=placement.work, workBudget=WORK_BUDGET, openComponent=shortfall.component,
+                         openBound=_short(shortfall.bound), answerValue=_short(shortfall.answer))
 
     def _fallback(self, container, reason: str) -> None:
         logger.warning("Preferred allocation fallback to kubelet", resourceName=self._resource, err=reason[:512],

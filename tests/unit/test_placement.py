@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resource_worker import placement
 from resource_worker.placement import (Candidate, PlacementRequestError, candidate_from_record, card_key,
-                                       preferred_allocation)
+                                       preferred_allocation, score)
+from resource_worker.placement.pool import tables_for
 from shared.inventory import DeviceRecord
 from shared.pci_path import PciPaths
 from shared.status import StatusReading
@@ -278,30 +278,10 @@ def test_whole_pool_and_mandatory_only():
 
 # -- against an exhaustive oracle ------------------------------------------------------
 
-def _oracle_score(selection, node):
-    devices = [node[d] for d in selection]
-    unknown = sum(d.numa_node is None for d in devices)
-    numa_nodes = len({d.numa_node for d in devices if d.numa_node is not None})
-    cards = len({d.card for d in devices if d.card is not None}) + sum(d.card is None for d in devices)
-    readable = [d.pci_path for d in devices if d.pci_path]
-    unreadable = len(devices) - len(readable)
-    separate, distances = 0, []
-    for a, b in itertools.combinations(readable, 2):
-        if a[0] != b[0]:
-            separate += 1
-            continue
-        common = 0
-        while common < min(len(a), len(b)) and a[common] == b[common]:
-            common += 1
-        distances.append(len(a) + len(b) - 2 * common)
-    return (unknown, numa_nodes, cards, unreadable, separate, max(distances, default=0), sum(distances),
-            tuple(sorted(selection)))
-
-
 def _oracle(node, available, mandatory, size):
     mandatory = sorted(set(mandatory))
     others = sorted(set(available) - set(mandatory))
-    best = min(_oracle_score(mandatory + list(extra), node)
+    best = min(score(mandatory + list(extra), node)
                for extra in itertools.combinations(others, size - len(mandatory)))
     return mandatory + sorted(set(best[-1]) - set(mandatory))
 
@@ -408,86 +388,20 @@ def test_structured_server_matches_oracle(mandatory):
         assert preferred_allocation(node, ids, mandatory, size) == _oracle(node, ids, mandatory, size)
 
 
-# -- the bounds the search relies on ---------------------------------------------------
-# Both feed pruning: an overestimate of what a completion can reach would lose optima.
-
-def _pairs(k):
-    return k * (k - 1) // 2
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3)), max_size=5), st.integers(0, 10))
-def test_level_pairs_bound_every_allocation(nodes, p):
-    pairs = {grown: sum(_pairs(held + n) for (held, _), n in zip(nodes, grown))
-             for grown in itertools.product(*(range(room + 1) for _, room in nodes)) if sum(grown) <= p}
-    best = max(pairs.values())
-    bound, none_of, all_of = placement._level_pairs(tuple(nodes), p)
-    assert bound >= best
-    if sum(1 for held, room in nodes if held and room) <= placement._EXACT_NODES:
-        assert bound == best
-    # What the search pins from it must hold for every allocation reaching the bound.
-    for grown, value in pairs.items():
-        if value == bound:
-            assert all(grown[i] == 0 for i in none_of)
-            assert all(grown[i] == nodes[i][1] for i in all_of)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 4)), min_size=1, max_size=4), st.data())
-def test_best_splits_finds_every_best_split(roots, data):
-    base = [b for b, _ in roots]
-    spare = [s for _, s in roots]
-    grow = data.draw(st.integers(0, sum(spare)))
-    splits = [split for split in itertools.product(*(range(s + 1) for s in spare)) if sum(split) == grow]
-    value = {split: sum((b + a) ** 2 for b, a in zip(base, split)) for split in splits}
-    top = max(value.values())
-    squares, best = placement._best_splits(base, spare, grow)
-    assert squares == top
-    assert sorted(set(best)) == sorted(split for split in splits if value[split] == top)
-    assert placement._best_splits(base, spare, sum(spare) + 1) is None
-    assert placement._best_splits(base, spare, -1) is None
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 4]), st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=5),
-       st.sampled_from([0, 1, 2, 4]), st.data())
-def test_open_groups_keeps_every_selection_with_fewest_groups(classes, paid, data):
-    # (group bit, fewest, most) per class; bit 0: each device a group of its own.
-    group = [bit for bit, _, _ in classes]
-    emin = [low for _, low, _ in classes]
-    ecap = [low + extra for _, low, extra in classes]
-    target = data.draw(st.integers(sum(emin), sum(ecap)))
-
-    def groups(counts):
-        bits = paid
-        for bit, k in zip(group, counts):
-            bits |= bit if k else 0
-        return bin(bits).count("1") + sum(k for bit, k in zip(group, counts) if not bit)
-
-    counts = [c for c in itertools.product(*(range(low, cap + 1) for low, cap in zip(emin, ecap))) if sum(c) == target]
-    fewest = min(map(groups, counts))
-    opened, _ = placement._open_groups(list(range(len(classes))), group, paid, target, ecap, emin)
-    assert opened == fewest
-    # What it narrows must hold for every selection that opens that few groups.
-    for c in counts:
-        if groups(c) == fewest:
-            assert all(low <= k <= cap for low, k, cap in zip(emin, c, ecap))
-
-
 def test_requests_for_one_pool_share_its_tables_but_not_their_state():
     node = _server()
     ids = sorted(node)
     requests = [(mandatory, size) for mandatory in ([], ["rbln10-1"], ["rbln3-0", "rbln13-1"])
                 for size in range(max(1, len(mandatory)), len(ids) + 1)]
-    placement._tables.cache_clear()
+    tables_for.cache_clear()
     shared = [preferred_allocation(node, ids, mandatory, size) for mandatory, size in requests]
     # A mapping equal in value, built anew as the servicer does for each request, finds the same tables.
     rebuilt = {d: dataclasses.replace(c) for d, c in node.items()}
-    assert placement._tables.cache_info().currsize == 1
+    assert tables_for.cache_info().currsize == 1
     assert [preferred_allocation(rebuilt, ids, m, s) for m, s in reversed(requests)] == shared[::-1]
-    assert placement._tables.cache_info().currsize == 1
+    assert tables_for.cache_info().currsize == 1
     alone = []
     for mandatory, size in requests:
-        placement._tables.cache_clear()
+        tables_for.cache_clear()
         alone.append(preferred_allocation(node, ids, mandatory, size))
     assert shared == alone

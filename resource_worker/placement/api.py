@@ -1,0 +1,87 @@
+"""The entry point: validate a request, answer it within the work bound, check the answer.
+
+Invariant: every call does at most `WORK_BUDGET` units of search work beyond
+building a pool's tables, whatever the pool, so its time is bounded on any
+machine and its answer depends only on its input. The answer is the exact
+optimum when the search finishes (`proven_optimal`), else the best selection
+found, never worse than the heuristic first answer; either way it has passed
+`check_answer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from resource_worker.placement.incumbent import first_selection
+from resource_worker.placement.pool import tables_for
+from resource_worker.placement.request import Candidate, check_answer, validate
+from resource_worker.placement.score import Score
+from resource_worker.placement.search import Search
+
+# Search work per call, in classes and tree nodes looked at (bounds) and classes added
+# (branches). Calibrated on CPU time: a call spending all of it costs 10-15 ms alone and
+# up to about 25 ms in a long run of calls on the reference machine (docs/placement.md).
+WORK_BUDGET = 10000
+
+
+class Shortfall(NamedTuple):
+    component: str
+    """The first score component on which some unexplored selection might still beat the answer."""
+    bound: object
+    """The lowest bound left there (None: not computed before the budget ran out)."""
+    answer: object
+    """The answer's own value of that component."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    devices: list[str]
+    """Mandatory devices first, then the others sorted."""
+    proven_optimal: bool
+    work: int
+    """Search work units spent."""
+    score: Score | None
+    """None when there was nothing to choose (all mandatory, or the whole pool)."""
+    open_bound: tuple | None
+    """When the search was cut: the lowest bound left unexplored, as far as it was computed."""
+
+    def shortfall(self) -> Shortfall | None:
+        """When cut: the first component where the answer may be beaten, the bound there and the answer's value."""
+        if self.open_bound is None or self.score is None:
+            return None
+        for name, bound, value in zip(Score._fields, self.open_bound, self.score):
+            if bound != value:
+                return Shortfall(name, bound, value)
+        name = Score._fields[min(len(self.open_bound), len(Score._fields) - 1)]
+        return Shortfall(name, None, getattr(self.score, name))
+
+
+def place(candidates: Mapping[str, Candidate], available: Sequence[str], must_include: Sequence[str], size: int,
+          budget: int = WORK_BUDGET) -> Placement:
+    """The best `size` devices of `available` including all of `must_include`, within `budget` work units."""
+    request = validate(candidates, available, must_include, size)
+    score, work, proven, open_bound = None, 0, True, None
+    if size == len(request.mandatory):
+        chosen: Sequence[str] = request.mandatory
+    elif size == len(request.pool):
+        chosen = request.pool
+    else:
+        tables = tables_for(tuple(candidates[i] for i in request.pool))
+        search = Search(tables, set(request.mandatory), size, budget)
+        outcome = search.run(first_selection(tables, search.classes, size, search.numa_choices))
+        chosen, score = outcome.selection, Score(*outcome.score_values)
+        work, proven = outcome.work, outcome.proven_optimal
+        open_bound = None if outcome.open_bound is None else tuple(outcome.open_bound)
+    # Checked as the search gave it: putting the mandatory devices first must not hide one it dropped.
+    check_answer(request, list(chosen))
+    mandatory = set(request.mandatory)
+    devices = request.mandatory + sorted(i for i in chosen if i not in mandatory)
+    return Placement(devices, proven, work, score, open_bound)
+
+
+def preferred_allocation(candidates: Mapping[str, Candidate], available: Sequence[str],
+                         must_include: Sequence[str], size: int) -> list[str]:
+    """The devices of `place`: mandatory ones first."""
+    return place(candidates, available, must_include, size).devices
