@@ -165,6 +165,30 @@ def test_an_answer_breaking_the_request_is_an_internal_error(monkeypatch, wrong,
         assert word in str(error.value)
 
 
+def _preferred(servicer, ids, size):
+    request = api_pb2.PreferredAllocationRequest(container_requests=[api_pb2.ContainerPreferredAllocationRequest(
+        available_deviceIDs=ids, allocation_size=size)])
+    return list(servicer.GetPreferredAllocation(request, None).container_responses[0].deviceIDs)
+
+
+def test_the_servicer_weighs_the_records_of_the_latest_scan():
+    # The servicer keeps its placement candidates between calls: a scan that changes only what placement
+    # weighs (here the SIDs, not health or NUMA) must still reach the next answer.
+    ids = [f"rbln{i}" for i in range(4)]
+
+    def scanned(sids):
+        return message(devices=tuple(record(f"rbln{i}", npu=i, bus_id=f"0000:{3 + i:02x}:00.0", sid=sid,
+                                            pci_path=("pci0000:00", f"0000:{3 + i:02x}:00.0"))
+                                     for i, sid in enumerate(sids)))
+    table = DeviceTable(Resource.NPU)
+    table.apply(scanned(["SN0", "SN1", "SN2", "SN3"]))
+    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None)
+    assert _preferred(servicer, ids, 2) == ["rbln0", "rbln1"]
+    assert _preferred(servicer, ids, 2) == ["rbln0", "rbln1"]
+    table.apply(scanned(["SN0", "SN1", "CARD", "CARD"]))
+    assert _preferred(servicer, ids, 2) == ["rbln2", "rbln3"]
+
+
 def test_the_servicer_falls_back_to_the_kubelet_when_the_check_fires(monkeypatch):
     table = DeviceTable(Resource.NPU)
     table.apply(message(devices=tuple(record(f"rbln{i}", npu=i, bus_id=f"0000:{3 + i:02x}:00.0",
