@@ -47,6 +47,14 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
     """The least diameter meeting `target`, if at most `at_most`, (or the one given) and its widest feasible
     balls; None if there is none."""
     fewest, most = limits
+    held = [c for c in tree.classes if most[c]]
+    if sum(most[c] for c in held) == target.count:
+        # Every device the root may give is taken: one ball, as wide as they lie apart.
+        meter.charge(len(held) * len(held))
+        inside = set(held)
+        widest = max([2 * tree.chain[c] for c in held if most[c] > 1] +
+                     [distance for c in held for other, distance in tree.links[c] if other in inside], default=0)
+        return Balls(max(widest, diameter or 0), [Ball({c: most[c] for c in held})])
     forced = [tree.index[c] for c in tree.classes if fewest[c]]
     ranked = []
     for center in tree.centers:

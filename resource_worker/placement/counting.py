@@ -24,8 +24,9 @@ from resource_worker.placement.pool import PoolTables
 
 FREE = -1
 SOLO = 0
-# Sets of NUMA nodes tried when listing the ways to meet the NUMA optimum.
-_NUMA_SETS_TRIED = 4096
+# Sets of NUMA nodes tried when listing the ways to meet the NUMA optimum: listing them is not
+# counted as search work, so it is bounded here (8 NUMA nodes of equal room give 70 sets).
+_NUMA_SETS_TRIED = 1024
 
 
 class Limits(NamedTuple):

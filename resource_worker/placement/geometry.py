@@ -147,6 +147,12 @@ class RootTree:
             links[a] = [(c, self.chain[a] + h + self.chain[c]) for c, h in zip(self.classes, near) if c != a]
         return links
 
+    @cached_property
+    def span(self) -> int:
+        """No two devices under the root are farther apart: a ball of this diameter holds them all."""
+        return max([2 * chain for chain in self.chain.values()] +
+                   [distance for pairs in self.links.values() for _, distance in pairs])
+
     def _center(self, reaches: list[int], pendant: int, limit: int | None) -> Center:
         """A centre from each class's reach (in the order of `classes`)."""
         ordered_reaches, ordered_classes = zip(*sorted(zip(reaches, self.classes)))

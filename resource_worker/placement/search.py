@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from resource_worker.placement import counting
 from resource_worker.placement.balls import Ball, Balls, Target, feasible_balls
-from resource_worker.placement.counting import FREE, SOLO, Limits
+from resource_worker.placement.counting import FREE, Limits
 from resource_worker.placement.geometry import RootTree, forest
 from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
@@ -30,9 +30,6 @@ from resource_worker.placement.tree_dp import Encoding, Knapsack, Solution
 
 # Sets of NUMA nodes searched at most (more are possible only with many NUMA nodes; the answer is then not proven).
 NUMA_OPTIONS = 64
-# A split's (cards, unreadable devices, -sum of squared devices per root), compared as one integer.
-_SQUARES_UNIT = 1 << 16
-_CARDS_UNIT = 1 << 24
 
 
 class Plan(NamedTuple):
@@ -91,6 +88,7 @@ class Search:
         """The score values of the best complete selection found."""
         self._diameters: dict[tuple, Balls | None] = {}
         """Per root, its count and its classes' limits: its least diameter and widest balls."""
+        self._keys: dict[tuple[int, int, int], tuple] = {}
         self._settled: dict[tuple, tuple[int, Solution] | None] = {}
         """Per root, its count, its classes' limits and the largest distance: its best part."""
 
@@ -143,7 +141,8 @@ class Search:
         """Every branch meeting the optima up to the cross-root pairs."""
         tables = self.tables
         everything = range(len(tables.size))
-        cards = [bit if bit else SOLO for bit in tables.card_bit]
+        # A class with no card (bit 0) counts each device: counting.SOLO is 0.
+        cards = tables.card_bit
         scored = []
         for option in self.numa.options:
             self.meter.charge(len(tables.size))
@@ -212,6 +211,10 @@ class Search:
         optima for it: cards add up over the places, and cross-root pairs fall as the sum of squares per root grows."""
         most = plan.limits.most
         self.meter.charge(len(most))
+        # A split's (cards, unreadable devices, -sum of squared devices per root) compared as one integer: each
+        # unit above anything the components after it add up to.
+        squares_unit = 1 << (self.size * self.size).bit_length()
+        cards_unit = squares_unit << (self.size + 1).bit_length()
         places = [[c for c in tree.classes if most[c]] for tree in self.trees] + \
             [[c for c in self.pool_classes if most[c]]]
         used = [index for index, classes in enumerate(places) if classes]
@@ -222,7 +225,7 @@ class Search:
             groups[index] = counting.groups_by_count(places[index], plan.group_of, plan.limits)
             self.meter.charge(len(groups[index]))
             pool = index == len(places) - 1
-            values.append([None if g is None else g * _CARDS_UNIT + (n * _SQUARES_UNIT if pool else -n * n)
+            values.append([None if g is None else g * cards_unit + (n * squares_unit if pool else -n * n)
                            for n, g in enumerate(groups[index][:self.size + 1])])
         for shares in self._least_shares(values, self.size):
             self.meter.charge(len(places))
@@ -277,9 +280,14 @@ class Search:
     # -- each root's distances -----------------------------------------------------------------
 
     def _root_key(self, tree: RootTree, plan: Plan, count: int) -> tuple:
-        fewest, most = plan.limits
-        self.meter.charge(len(tree.classes))
-        return tree.root, count, tuple((fewest[c], most[c], plan.group_of[c]) for c in tree.classes)
+        """What a root's part of a split depends on: its count and its classes' limits and card kinds."""
+        # Plans live as long as the search, so their identities name them.
+        memo = (id(plan), tree.root, count)
+        if memo not in self._keys:
+            fewest, most = plan.limits
+            self.meter.charge(len(tree.classes))
+            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.group_of[c]) for c in tree.classes)
+        return self._keys[memo]
 
     def _balls(self, tree: RootTree, split: Split, diameter: int | None = None,
                at_most: int | None = None) -> Balls | None:
@@ -340,7 +348,8 @@ class Search:
                        diameter: int) -> tuple[int, Solution] | None:
         most = split.plan.limits.most
         count = split.counts[tree.root]
-        if count < 2:
+        if count < 2 or diameter >= tree.span:
+            # One device, or a diameter no two devices of the root exceed: the root is one ball.
             balls = [Ball({c: most[c] for c in tree.classes if most[c]})]
         else:
             least = self._diameters[self._root_key(tree, split.plan, count)]
