@@ -62,6 +62,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
             continue    # a pendant centre holds one device of its class: not a class that must give two
         # A lower bound on the diameter at which the ball is feasible: it must hold enough devices, and the
         # forced ones.
+        meter.charge(1 + len(forced))
         held, enough, steps = 0, None, 0
         for reach, c in zip(center.reaches, center.classes):
             steps += 1
@@ -69,7 +70,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
             if held >= target.count:
                 enough = reach
                 break
-        meter.record(steps + 1 + len(forced))
+        meter.record(steps)
         if enough is None:
             continue
         floor = max([enough] + [center.by_class[i] for i in forced])

@@ -60,11 +60,11 @@ class GroupCounts(NamedTuple):
     most_devices: int
 
 
-def numa_options(tables: PoolTables, mandatory: Sequence[int], size: int, limit: int) -> NumaOptions:
+def numa_options(tables: PoolTables, mandatory: Sequence[int], size: int) -> NumaOptions:
     """Every way to meet the NUMA optimum: the fewest unknown-NUMA devices, then a smallest set of NUMA
     nodes with room for the rest (when known devices run short: all of them, and unknown ones).
 
-    Every selection scoring that optimum keeps within one of the options; at most `limit` are listed.
+    Every selection scoring that optimum keeps within one of the options (as far as the sets tried reach).
     """
     classes = range(len(tables.size))
     known = [c for c in classes if tables.numa_bit[c]]
@@ -89,7 +89,7 @@ def numa_options(tables: PoolTables, mandatory: Sequence[int], size: int, limit:
     options = []
     complete = True
     for tried, subset in enumerate(itertools.combinations(unpaid, extra)):
-        if len(options) == limit or tried == _NUMA_SETS_TRIED:
+        if tried == _NUMA_SETS_TRIED:
             complete = False
             break
         if sum(room[bit] for bit in subset) >= need:

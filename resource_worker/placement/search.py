@@ -28,8 +28,6 @@ from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
 from resource_worker.placement.tree_dp import Encoding, Knapsack, Solution
 
-# Sets of NUMA nodes searched at most (more are possible only with many NUMA nodes; the answer is then not proven).
-NUMA_OPTIONS = 64
 
 
 class Plan(NamedTuple):
@@ -78,7 +76,7 @@ class Search:
         self.size = size
         self.classes = RequestClasses(tables, mandatory)
         self.meter = WorkMeter(budget)
-        self.numa = counting.numa_options(tables, self.classes.mandatory, size, NUMA_OPTIONS)
+        self.numa = counting.numa_options(tables, self.classes.mandatory, size)
         self.trees = forest(tables)
         self.pool_classes = [c for c in range(len(tables.size)) if tables.root[c] < 0]
         self.encoding = Encoding.for_pool(sum(tables.size), max(tables.depth, default=1))

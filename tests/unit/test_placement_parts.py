@@ -64,7 +64,7 @@ def test_numa_options_hold_exactly_the_numa_optimal_selections(instance):
     classes = RequestClasses(tables, set(mandatory))
     ids = sorted(pool)
     for size in range(max(1, len(mandatory)), len(ids) + 1):
-        found = numa_options(tables, classes.mandatory, size, 64)
+        found = numa_options(tables, classes.mandatory, size)
         selections = [mandatory + list(extra) for extra in
                       itertools.combinations([d for d in ids if d not in mandatory], size - len(mandatory))]
         best = min(score(s, pool)[:2] for s in selections)
