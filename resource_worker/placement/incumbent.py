@@ -52,7 +52,7 @@ def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[
             room[tables.root[c]] += tables.size[c] - forced[c]
     if not tables.n_roots:
         return [None]
-    ranked = sorted(range(tables.n_roots), key=lambda x: (-held[x], -room[x], x))
+    ranked = sorted(range(tables.n_roots), key=lambda root: (-held[root], -room[root], root))
     return ranked[:1] if held[ranked[0]] else ranked[:_MAX_ANCHORS]
 
 
@@ -94,12 +94,12 @@ def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowe
         score[1] |= tables.numa_bit[cls]
         score[2] += 0 if tables.card_bit[cls] else count
         score[3] |= tables.card_bit[cls]
-        x = tables.root[cls]
-        if x < 0:
+        root = tables.root[cls]
+        if root < 0:
             score[4] += count
             return
-        score[5] += count * (sum(in_root) - in_root[x])
-        in_root[x] += count
+        score[5] += count * (sum(in_root) - in_root[root])
+        in_root[root] += count
         pairs_inside = _pairs(already + count) - _pairs(already)
         score[6] = max(score[6], slot_max[cls], tables.intra[cls] if pairs_inside else 0)
         score[7] += count * slot_sum[cls] + pairs_inside * tables.intra[cls]
@@ -118,13 +118,13 @@ def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowe
             already = taken[c]
             if already >= tables.size[c]:
                 continue
-            x = tables.root[c]
+            root = tables.root[c]
             key = (0 if tables.card_bit[c] & open_cards else 1,
-                   x < 0,
-                   readable - in_root[x] if x >= 0 else 0,
-                   x != anchor,
-                   max(slot_max[c], tables.intra[c] if already else 0) if x >= 0 else 0,
-                   slot_sum[c] + already * tables.intra[c] if x >= 0 else 0,
+                   root < 0,
+                   readable - in_root[root] if root >= 0 else 0,
+                   root != anchor,
+                   max(slot_max[c], tables.intra[c] if already else 0) if root >= 0 else 0,
+                   slot_sum[c] + already * tables.intra[c] if root >= 0 else 0,
                    tables.first_id[c])
             if best_key is None or key < best_key:
                 best_key, best_class = key, c
