@@ -113,11 +113,14 @@ class Worker:
         runtime_status.remove_status(self._settings.run_dir, self._resource.process_name)
 
     def _report(self) -> None:
-        """Keep the status file (read by the watchdog's readiness probe and `status`) current."""
+        """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
+        devices = self.table.devices()
         status = {"resource": self._resource.value, "registered": self._phase is Phase.REGISTERED,
                   "streams": self._server.streams.open_streams if self._server else 0,
                   "endpoint": self._server.socket_name if self._server else None,
-                  "scannedAt": self._scanned_at, **counts(self.table.devices())}
+                  "scannedAt": self._scanned_at, **counts(devices),
+                  "devices": {d.device_id: {"health": d.health.health.value, "status": d.health.status.name}
+                              for d in devices}}
         if status != self._reported:
             runtime_status.write_status(self._settings.run_dir, self._resource.process_name, status)
             self._reported = status

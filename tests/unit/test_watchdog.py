@@ -13,8 +13,10 @@ from supervisor.xmlrpc import Faults
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
+from kubelet_watchdog.stack_metrics import StackView
 from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
 from shared.config import Settings
+from shared.metrics import Recorder
 from shared.process import SHUTDOWN_STATE_FAULT, fault_code
 from shared.status_command import build_report, render_text
 
@@ -249,10 +251,20 @@ def test_a_supervisord_that_cannot_be_asked_makes_the_stack_neither_live_nor_rea
     servers = []
     health = HealthEndpoint(0, lambda port: servers.append(RecordingHealthServer(port)) or servers[-1])
     health.set(True, True)
-    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), health)
+    views = []
+
+    class MetricsViews:
+        """The metrics endpoint, as the watchdog's checks update it."""
+
+        def update(self, view):
+            views.append(view)
+
+    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), health, MetricsViews(), Recorder(None))
     watchdog._check()
     watchdog._check()
     assert servers[0].states == [(True, True), (False, False)]
+    # No status file can be trusted either: the metrics show nothing registered and nothing ready.
+    assert views == [StackView(None, {}, ready=False)] * 2
 
 
 # The status command's report
