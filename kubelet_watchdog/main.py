@@ -96,6 +96,7 @@ class Watchdog:
         logger.info("Detected kubelet socket recreation; restarting device plugins",
                     path=str(self._settings.kubelet_socket))
         self._recorder.kubelet_restart()
+        self._recorder.flush()
         # The device plugins start afresh, as at the stack's start, and so does the CDI root: leftover
         # transient specs go again. Here, not in the scanner, which a kubelet restart does not restart.
         remove_stale_specs(self._settings.cdi_root)

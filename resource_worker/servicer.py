@@ -109,8 +109,14 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         finally:
             self._streams.closed(by_kubelet=not self._stopping.is_set())
 
+    def _flush_metrics_when_answered(self, context) -> None:
+        """The call's metrics (and the rbln-smi calls it made) are written once the answer has gone out."""
+        if not context.add_callback(self._metrics.flush):
+            self._metrics.flush()  # the call has ended already
+
     def GetPreferredAllocation(self, request, context):
         started = time.monotonic()
+        self._flush_metrics_when_answered(context)
         response = api_pb2.PreferredAllocationResponse()
         candidates = {a.device_id: candidate_from_record(a.record) for a in self._table.devices()}
         fallbacks = 0
@@ -149,6 +155,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def Allocate(self, request, context):
         started = time.monotonic()
+        self._flush_metrics_when_answered(context)
         requested = [list(c.devices_ids) for c in request.container_requests]
         all_ids = _logged([i for ids in requested for i in ids])
         ready_after: list[float] = []  # for each container done so far, seconds since the call started

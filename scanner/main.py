@@ -79,6 +79,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error))
             reporter.report(result, time.monotonic() - started)
+            metrics.flush()
             runtime_status.write_status(settings.run_dir, PROCESS, {
                 "resources": {r.value: len(d) for r, d in result.inventories.items()},
                 "discoveryError": result.error,

@@ -19,6 +19,7 @@ Labels stay few-valued: resource, device, status, health, result, command.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import os
@@ -112,6 +113,10 @@ STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 
 
+# Far more events than a process makes between two flushes (an Allocate makes four).
+_MAX_PENDING = 4096
+
+
 def metrics_dir(run_dir: pathlib.Path) -> pathlib.Path:
     """Where the processes' value files are: inside the private run dir."""
     return run_dir / METRICS_DIR_NAME
@@ -142,9 +147,12 @@ def _build(family: Family) -> Any:
 class Recorder:
     """Records one process's events into its value files; with metrics off (no directory) it does nothing.
 
-    prometheus_client is imported when the families are first needed (`load()`, or the first event), so a
-    worker whose resource the node lacks never pays for it. Recording never raises into the caller's work:
-    a value file that cannot be made (a full run dir) is reported once, and the events are dropped.
+    An event is only queued where it happens (an append: an Allocate pays nothing measurable for it) and
+    written to the files by `flush()`, which the process calls once the work is answered: the worker after
+    each response is sent, the scanner after each scan. prometheus_client is imported when the families
+    are first needed (`load()`, or the first flush), so a worker whose resource the node lacks never pays
+    for it. Recording never raises into the caller's work: a value file that cannot be made (a full run
+    dir) is reported once, and the events are dropped.
     """
 
     def __init__(self, directory: pathlib.Path | None):
@@ -152,6 +160,10 @@ class Recorder:
         # Guards `_families` while it is built (Allocate handlers run on several threads).
         self._lock = threading.Lock()
         self._families: dict[Family, Any] | None = None
+        # Events not written yet; appended and taken from any thread (a deque's ends are thread-safe). Bounded,
+        # so that events nobody flushes cannot grow the process.
+        self._pending: collections.deque[Callable[[dict[Family, Any]], None]] = collections.deque(
+            maxlen=_MAX_PENDING)
         self._failure_logged = False
 
     def load(self, resource: str | None = None, smi_commands: Iterable[str] = ()) -> None:
@@ -175,19 +187,27 @@ class Recorder:
             self._families = families
 
     def _record(self, work: Callable[[dict[Family, Any]], None]) -> None:
-        if self.directory is None:
-            return
-        try:
-            self.load()
-            assert self._families is not None
-            work(self._families)
-        except Exception as exc:  # metrics must never cost an allocation or a scan
-            from loguru import logger  # not on the way of `run`, which imports this module before its exec
+        if self.directory is not None:
+            self._pending.append(work)
 
-            if not self._failure_logged:
-                self._failure_logged = True
-                logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
-                               err=f"{type(exc).__name__}: {exc}")
+    def flush(self) -> None:
+        """Write every queued event into this process's value files (from any thread, even several at once)."""
+        while self.directory is not None:
+            try:
+                work = self._pending.popleft()
+            except IndexError:
+                return
+            try:
+                self.load()
+                assert self._families is not None
+                work(self._families)
+            except Exception as exc:  # metrics must never cost an allocation or a scan; the event is dropped
+                from loguru import logger  # not on the way of `run`, which imports this module before its exec
+
+                if not self._failure_logged:
+                    self._failure_logged = True
+                    logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
+                                   err=f"{type(exc).__name__}: {exc}")
 
     def scan(self, seconds: float) -> None:
         self._record(lambda f: f[SCAN_DURATION].observe(seconds))

@@ -78,6 +78,7 @@ def test_the_processes_events_add_up_in_one_scrape(node):
     scanner.load(smi_commands=["list"])
     scanner.scan(0.03)
     scanner.rbln_smi("list", 0.02, ok=True)
+    scanner.flush()
     worker = node.process(102)
     worker.load(NPU, ["group-list", "group-destroy", "group-create"])
     worker.rbln_smi("group-list", 0.02, ok=True)
@@ -85,9 +86,11 @@ def test_the_processes_events_add_up_in_one_scrape(node):
     worker.allocations(NPU, Result.SUCCESS, [0.07, 0.3])
     worker.allocations(NPU, Result.FAILURE, [0.004])
     worker.preferred_allocation(NPU, 0.0008, fallbacks=1)
+    worker.flush()
     watchdog = node.process(103)
     watchdog.load()
     watchdog.kubelet_restart()
+    watchdog.flush()
 
     samples = scrape(node.collector)
     assert value(samples, "rbln_device_plugin_scan_duration_seconds_count") == 1
@@ -114,10 +117,12 @@ def test_an_ended_process_still_counts_once_and_its_files_are_folded(node):
     first = node.process(201)
     first.allocations(NPU, Result.SUCCESS, [0.1] * 3)
     first.rbln_smi("group-create", 0.05, ok=True)
+    first.flush()
     before = scrape(node.collector)
     node.live.discard(201)  # SIGKILLed: its files stay behind
     second = node.process(202)  # its successor
     second.allocations(NPU, Result.SUCCESS, [0.2])
+    second.flush()
 
     after = scrape(node.collector)
     assert value(after, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 4
@@ -131,6 +136,7 @@ def test_an_ended_process_still_counts_once_and_its_files_are_folded(node):
     node.live.discard(202)
     third = node.process(203)
     third.allocations(NPU, Result.FAILURE, [1.5])
+    third.flush()
     last = scrape(node.collector)
     assert value(last, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 4
     assert value(last, "rbln_device_plugin_allocations_total", resource=NPU, result="failure") == 1
@@ -151,7 +157,9 @@ def test_any_sequence_of_restarts_and_scrapes_counts_every_allocation_once(tmp_p
     monkeypatch.setenv(MULTIPROC_ENV, str(directory))
     node = Node(directory, monkeypatch)
     for pid, durations in enumerate(lives, start=300):
-        node.process(pid).allocations(NPU, Result.SUCCESS, durations)
+        recorder = node.process(pid)
+        recorder.allocations(NPU, Result.SUCCESS, durations)
+        recorder.flush()
         node.live.discard(pid)
         if scrape_after[pid - 300]:
             scrape(node.collector)
@@ -167,7 +175,9 @@ def test_any_sequence_of_restarts_and_scrapes_counts_every_allocation_once(tmp_p
 
 
 def test_an_ended_process_gauges_are_dropped_and_unreadable_files_left_out(node):
-    node.process(401).allocations(VF4, Result.SUCCESS, [0.1])
+    recorder = node.process(401)
+    recorder.allocations(VF4, Result.SUCCESS, [0.1])
+    recorder.flush()
     (node.directory / "gauge_livesum_402.db").write_bytes(b"")
     (node.directory / "counter_403.db").write_bytes(b"\x40\x00\x00\x00garbage")  # claims more than it holds
     node.live.add(403)
@@ -195,8 +205,10 @@ def test_a_recorder_that_cannot_write_never_fails_the_work(node, monkeypatch):
     monkeypatch.setattr("loguru.logger.warning", lambda message, **fields: logged.append((message, fields)))
     recorder.allocations(NPU, Result.SUCCESS, [0.1])
     recorder.scan(0.1)
+    recorder.flush()
     assert [message for message, _ in logged] == ["Metrics cannot be recorded; continuing without them"]
     assert "No space left" in logged[0][1]["err"]
+    assert not recorder._pending, "events that cannot be written are dropped, never kept to grow"
 
 
 def test_metrics_off_and_the_workers_without_devices_never_load_prometheus_client(tmp_path):
@@ -208,10 +220,13 @@ from shared.metrics import Result, recorder_for
 import resource_worker.main, scanner.main, resource_worker.servicer
 off = recorder_for(-1, pathlib.Path({str(tmp_path)!r}))
 off.load(); off.scan(0.1); off.allocations("rebellions.ai/npu", Result.SUCCESS, [0.1]); off.kubelet_restart()
+off.flush()
 assert off.directory is None and not (pathlib.Path({str(tmp_path)!r}) / "metrics").exists()
 on = recorder_for(51516, pathlib.Path({str(tmp_path)!r}))
 assert on.directory is not None and "prometheus_client" not in sys.modules
 on.scan(0.1)
+assert "prometheus_client" not in sys.modules  # queued: nothing is written before the flush
+on.flush()
 assert "prometheus_client" in sys.modules
 """
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
@@ -228,6 +243,7 @@ directory = run_dir / "metrics"
 assert os.environ[MULTIPROC_ENV] == str(directory)
 assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 recorder.scan(0.25)
+recorder.flush()
 assert sorted(p.name for p in directory.iterdir()) == ["counter_%d.db" % os.getpid(), "histogram_%d.db" % os.getpid()]
 """
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
@@ -269,6 +285,10 @@ class FakeRecorder:
     def __init__(self) -> None:
         self.allocations_seen: list[tuple[str, Result, list[float]]] = []
         self.preferred: list[tuple[str, float, int]] = []
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += 1
 
     def allocations(self, resource, result, durations):
         self.allocations_seen.append((resource, result, list(durations)))
@@ -282,6 +302,19 @@ class Aborted(Exception):
 
 
 class FakeContext:
+    """A call's context; `ended()` is the end of the call, after its answer went out."""
+
+    def __init__(self) -> None:
+        self.callbacks = []
+
+    def add_callback(self, callback) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def ended(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
     def abort(self, code, details):
         self.code = code
         raise Aborted(details)
@@ -301,7 +334,11 @@ def allocate_request(*containers: list[str]) -> api_pb2.AllocateRequest:
 
 def test_each_container_of_a_successful_allocate_counts_once_with_its_time(tmp_path):
     served, recorder = servicer(tmp_path)
-    served.Allocate(allocate_request(["rbln0"], ["rbln1", "rbln2"]), FakeContext())
+    context = FakeContext()
+    served.Allocate(allocate_request(["rbln0"], ["rbln1", "rbln2"]), context)
+    assert recorder.flushes == 0, "nothing is written before the answer has gone out"
+    context.ended()
+    assert recorder.flushes == 1
     [(resource, result, durations)] = recorder.allocations_seen
     assert (resource, result) == (NPU, Result.SUCCESS)
     assert len(durations) == 2 and 0 < durations[0] <= durations[1] < 5
@@ -338,3 +375,19 @@ def test_preferred_allocation_is_timed_and_its_fallbacks_counted(tmp_path):
     assert len(response.container_responses) == 2
     [(resource, seconds, fallbacks)] = recorder.preferred
     assert resource == NPU and 0 < seconds < 5 and fallbacks == 1
+
+
+def test_events_are_written_at_the_flush_once_each_whatever_the_threads(node):
+    recorder = node.process(601)
+    for _ in range(200):
+        recorder.allocations(NPU, Result.SUCCESS, [0.01])
+    assert value(scrape(node.collector), "rbln_device_plugin_allocations_total", resource=NPU, result="success") \
+        is None
+    threads = [threading.Thread(target=recorder.flush) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    samples = scrape(node.collector)
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 200
+    assert value(samples, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) == 200
