@@ -15,6 +15,7 @@ import os
 import pathlib
 import platform
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -110,6 +111,13 @@ def running_stack(node: SimulatedNode, scan_interval: str, **env: str) -> Iterat
                                        for name, ids in expected.items()),
                          START_TIMEOUT, f"registration of {', '.join(sorted(expected))}")
         yield kubelet, stack
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a stack that must keep one port across restarts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 # /proc readers

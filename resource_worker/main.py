@@ -21,8 +21,9 @@ from resource_worker.tracing import AllocationTracer, setup_tracing
 from shared import runtime_status
 from shared.config import Settings
 from shared.ipc import InventoryMessage
+from shared.metrics import Recorder, recorder_for
 from shared.process import ShutdownSignal, exit_now, start_process
-from shared.rbln_smi import RblnSmi
+from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
 from shared.status import read_status
 from shared.version import VERSION
@@ -69,15 +70,16 @@ class Worker:
     """
 
     def __init__(self, settings: Settings, resource: Resource, shutdown: ShutdownSignal,
-                 tracer: AllocationTracer):
+                 tracer: AllocationTracer, metrics: Recorder):
         self._settings = settings
         self._tracer = tracer
+        self._metrics = metrics
         self._resource = resource
         self._shutdown = shutdown
         # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, shutdown.
         self._attention = threading.Event()
         self.table = DeviceTable(resource)
-        smi = RblnSmi(settings.rbln_smi)
+        smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
         self._allocator = Allocator(self.table, RsdGroups(smi, settings.rsd_lock_file), settings.dev_root,
                                     lambda device_id: read_status(settings.sysfs_root, device_id))
         # The fields below belong to the lifecycle loop's thread.
@@ -111,11 +113,14 @@ class Worker:
         runtime_status.remove_status(self._settings.run_dir, self._resource.process_name)
 
     def _report(self) -> None:
-        """Keep the status file (read by the watchdog's readiness probe and `status`) current."""
+        """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
+        devices = self.table.devices()
         status = {"resource": self._resource.value, "registered": self._phase is Phase.REGISTERED,
                   "streams": self._server.streams.open_streams if self._server else 0,
                   "endpoint": self._server.socket_name if self._server else None,
-                  "scannedAt": self._scanned_at, **counts(self.table.devices())}
+                  "scannedAt": self._scanned_at, **counts(devices),
+                  "devices": {d.device_id: {"health": d.health.health.value, "status": d.health.status.name}
+                              for d in devices}}
         if status != self._reported:
             runtime_status.write_status(self._settings.run_dir, self._resource.process_name, status)
             self._reported = status
@@ -148,12 +153,13 @@ class Worker:
         return _IDLE_CHECK_SECONDS
 
     def _new_server(self) -> PluginServer:
-        # Imported here: gRPC, the API and placement cost a process about 15 MB, which a worker
-        # whose resource the node does not have (most nodes have one of the three) never pays.
+        # Imported here: gRPC, the API, placement and prometheus_client cost a process about 16 MB, which
+        # a worker whose resource the node does not have (most nodes have one of the three) never pays.
         from resource_worker.plugin_server import PluginServer
 
+        self._metrics.load(self._resource.value, [command.value for command in GROUP_COMMANDS])
         return PluginServer(self.table, self._allocator, self._settings.kubelet_device_plugin_path, self.wake,
-                            self._tracer)
+                            self._tracer, self._metrics)
 
     def _register(self) -> float:
         assert self._server is not None
@@ -219,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     resource = parse_args(sys.argv[1:] if argv is None else argv)
     settings = start_process(resource.process_name, resourceName=resource.value)
     shutdown = ShutdownSignal().install()
+    metrics = recorder_for(settings.metrics_port, settings.run_dir)
     tracer = setup_tracing(settings.otlp_endpoint, VERSION, settings.node_name)
-    worker = Worker(settings, resource, shutdown, tracer)
+    worker = Worker(settings, resource, shutdown, tracer, metrics)
     shutdown.on_request(worker.wake)
     context = zmq.Context()
     subscriber = InventorySubscriber(context, settings.run_dir, resource, worker.on_inventory,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from shared import supervisor_rpc
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
+from shared.metrics import reset_metrics_dir
 from shared.safe_open import ensure_private_dir
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
         supervisor_rpc.write_credentials(settings.run_dir)
+        reset_metrics_dir(settings.run_dir, enabled=settings.metrics_port >= 0)
     except OSError as exc:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

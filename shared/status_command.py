@@ -1,9 +1,11 @@
 """`rbln-device-plugin status`: what the stack in this pod is doing, for an operator (`kubectl exec`).
 
 Process states come from supervisord over XML-RPC on the run dir's socket; what
-each resource looks like comes from the status files the processes keep in the
-run dir. A status file counts only if the running instance of its program wrote
-it. Exit status: 0 when supervisord answered, 1 when it could not be asked.
+each resource and device looks like comes from the status files the processes keep
+in the run dir. A status file counts only if the running instance of its program
+wrote it. Which container holds each device comes from the kubelet's PodResources
+API; when it cannot be asked the holders are shown as unknown, and nothing else
+changes. Exit status: 0 when supervisord answered, 1 when it could not be asked.
 """
 
 from __future__ import annotations
@@ -20,27 +22,51 @@ from typing import Any
 from kubelet_watchdog.probes import PROGRAMS, SCANNER, current_status
 from kubelet_watchdog.supervisor_control import SupervisorError, connect
 from shared import runtime_status
-from shared.config import OPTIONS
+from shared.config import OPTIONS, Option
+from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
 from shared.resources import Resource
 
 _RUN_DIR = next(option for option in OPTIONS if option.field == "run_dir")
-_COUNTS = ("deviceCount", "healthyCount", "unhealthyCount")
+_POD_RESOURCES = next(option for option in OPTIONS if option.field == "kubelet_pod_resources_socket")
+UNKNOWN_HOLDER = "unknown"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    parser.add_argument(_RUN_DIR.flag, dest="run_dir", metavar=_RUN_DIR.env,
-                        help=f"the stack's run dir (env {_RUN_DIR.env}, default {_RUN_DIR.default})")
+    for option, what in ((_RUN_DIR, "the stack's run dir"),
+                         (_POD_RESOURCES, "the kubelet's PodResources socket, asked which pod holds each device")):
+        parser.add_argument(option.flag, dest=option.field, metavar=option.env,
+                            help=f"{what} (env {option.env}, default {option.default})")
+
+
+def _setting(args: argparse.Namespace, option: Option) -> pathlib.Path:
+    return pathlib.Path(getattr(args, option.field, None) or os.environ.get(option.env) or option.default)
 
 
 def _age(now: float, then: Any) -> float | None:
     return round(now - float(then), 3) if isinstance(then, (int, float)) else None
 
 
+def _devices(resource: Resource, worker: Mapping[str, Any] | None,
+             holders: Mapping[DeviceKey, list[Holder]] | None) -> list[dict[str, Any]]:
+    """The devices the resource's worker advertises; `heldBy` is None when the kubelet could not be asked."""
+    devices = worker.get("devices") if worker else None
+    if not isinstance(devices, Mapping):
+        return []
+    return [{"device": str(device), "resource": resource.value,
+             "health": state.get("health") if isinstance(state, Mapping) else None,
+             "status": state.get("status") if isinstance(state, Mapping) else None,
+             "heldBy": None if holders is None else [str(h) for h in holders.get((resource.value, str(device)), [])]}
+            for device, state in sorted(devices.items())]
+
+
 def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapping[str, Any] | None,
-                 workers: Mapping[str, Mapping[str, Any] | None], now_monotonic: float) -> dict[str, Any]:
+                 workers: Mapping[str, Mapping[str, Any] | None], now_monotonic: float,
+                 holders: Mapping[DeviceKey, list[Holder]] | None = None,
+                 pod_resources_error: str | None = None) -> dict[str, Any]:
     """The report as plain data. `programs` is None when supervisord could not be asked: then no
-    status file can be trusted, since nothing says whether the process that wrote it still runs."""
+    status file can be trusted, since nothing says whether the process that wrote it still runs.
+    `holders` is None when the kubelet could not be asked which container holds which device."""
     known = programs or {}
     processes = {name: {"state": known.get(name, {}).get("statename", "UNKNOWN" if programs is None else "ABSENT"),
                         "pid": known.get(name, {}).get("pid") or None,
@@ -49,8 +75,10 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapp
     scanner = current_status(scanner, known, SCANNER)
     scanned = scanner.get("resources", {}) if scanner else {}
     resources = {}
+    devices = []
     for resource in Resource:
         worker = current_status(workers.get(resource.process_name), known, resource.process_name)
+        devices += _devices(resource, worker, holders)
         resources[resource.value] = {
             "process": resource.process_name,
             "registered": bool(worker and worker.get("registered")),
@@ -64,6 +92,8 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapp
     return {
         "processes": processes,
         "resources": resources,
+        "devices": devices,
+        "podResources": {"error": pod_resources_error},
         "scanner": {"lastScanAgeSeconds": _age(now_monotonic, scanner.get("monotonic")) if scanner else None,
                     "discoveryError": scanner.get("discoveryError") if scanner else None},
     }
@@ -92,23 +122,42 @@ def render_text(report: Mapping[str, Any]) -> str:
                          r["unhealthyCount"], None if r["lastScanAgeSeconds"] is None
                          else f"{r['lastScanAgeSeconds']:.1f}s ago"]
                         for name, r in report["resources"].items()])
-    scanner = report["scanner"]
     lines = [*processes, "", *resources]
+    if report["devices"]:
+        lines += ["", *_table(["DEVICE", "RESOURCE", "HEALTH", "STATUS", "HELD BY"],
+                              [[d["device"], d["resource"], d["health"], d["status"],
+                                UNKNOWN_HOLDER if d["heldBy"] is None else ", ".join(d["heldBy"]) or None]
+                               for d in report["devices"]])]
+    if report["podResources"]["error"]:
+        lines += ["", f"held by: {UNKNOWN_HOLDER}; the kubelet's PodResources API cannot be asked: "
+                      f"{report['podResources']['error']}"]
+    scanner = report["scanner"]
     if scanner["lastScanAgeSeconds"] is not None:
         lines += ["", f"scanner: last scan {scanner['lastScanAgeSeconds']:.1f}s ago"
                       + (f", discovery failing: {scanner['discoveryError']}" if scanner["discoveryError"] else "")]
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    run_dir = pathlib.Path(args.run_dir or os.environ.get(_RUN_DIR.env) or _RUN_DIR.default)
+def gather(run_dir: pathlib.Path, pod_resources_socket: pathlib.Path) -> tuple[dict[str, Any], str | None]:
+    """The report, and why supervisord could not be asked (None when it answered)."""
     try:
-        programs = connect(run_dir).programs()
+        programs, supervisord_error = connect(run_dir).programs(), None
     except SupervisorError as exc:
-        print(f"rbln-device-plugin status: cannot ask supervisord in {run_dir}: {exc}", file=sys.stderr)
-        programs = None
+        programs, supervisord_error = None, f"cannot ask supervisord in {run_dir}: {exc}"
+    holders, pod_resources_error = None, None
+    try:
+        holders = device_holders(pod_resources_socket, [r.value for r in Resource])
+    except PodResourcesUnavailable as exc:
+        pod_resources_error = str(exc)
     report = build_report(programs, runtime_status.read_status(run_dir, SCANNER),
                           {r.process_name: runtime_status.read_status(run_dir, r.process_name) for r in Resource},
-                          time.monotonic())
+                          time.monotonic(), holders, pod_resources_error)
+    return report, supervisord_error
+
+
+def run(args: argparse.Namespace) -> int:
+    report, supervisord_error = gather(_setting(args, _RUN_DIR), _setting(args, _POD_RESOURCES))
+    if supervisord_error:
+        print(f"rbln-device-plugin status: {supervisord_error}", file=sys.stderr)
     print(json.dumps(report, indent=2) if args.json else render_text(report))
-    return 0 if programs is not None else 1
+    return 0 if supervisord_error is None else 1

@@ -13,6 +13,11 @@ It copies the kubelet device manager where a plugin can tell the difference:
 - restart() is a kubelet restart: the server goes, every socket in the plugin dir is
   removed (the checkpoint is kept), resources come back empty and disconnected (as
   restored from the checkpoint), and kubelet.sock is created anew.
+- The PodResources API (v1: List, GetAllocatableResources, Get) is served on its own
+  socket, `pod-resources/kubelet.sock` beside the plugin dir as on a real node. It
+  reports the devices each successful allocate() gave a pod's containers, kept across
+  restarts (as the checkpoint keeps them). A device allocated again belongs to its new
+  container only: the kubelet never hands out a device in use, so the earlier pod ended.
 
 Tests observe it through `resources()`, `registrations` and `wait_for`, which waits on a
 condition signalled on every change.
@@ -34,8 +39,12 @@ from typing import Any, NamedTuple
 import grpc
 
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.podresources.v1 import api_pb2 as podresources_pb2
+from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
 
 KUBELET_SOCKET = "kubelet.sock"
+POD_RESOURCES_DIR = "pod-resources"
+DEFAULT_NAMESPACE = "default"
 CHECKPOINT = "kubelet_internal_checkpoint"
 SUPPORTED_VERSIONS = ("v1beta1",)
 DIAL_TIMEOUT = 10.0
@@ -99,6 +108,17 @@ class RegistrationRecord:
     """The error Register answered with; None when accepted."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """Devices of one resource that a pod's container holds, as the PodResources API reports them."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
 class _Refused(Exception):
     """Register fails with this message."""
 
@@ -142,21 +162,47 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         return self._kubelet._register(request, context)
 
 
+class _PodResources(podresources_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, kubelet: "KubeletSimulator"):
+        self._kubelet = kubelet
+
+    def List(self, request, context):
+        return podresources_pb2.ListPodResourcesResponse(pod_resources=self._kubelet._pod_resources())
+
+    def GetAllocatableResources(self, request, context):
+        return podresources_pb2.AllocatableResourcesResponse(devices=self._kubelet._allocatable())
+
+    def Get(self, request, context):
+        for pod in self._kubelet._pod_resources():
+            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
+                return podresources_pb2.GetPodResourcesResponse(pod_resources=pod)
+        # The kubelet's own answer for a pod it does not run.
+        context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} not found in {request.pod_namespace}")
+
+
 class KubeletSimulator:
-    def __init__(self, plugin_dir: pathlib.Path, dial_timeout: float = DIAL_TIMEOUT):
+    def __init__(self, plugin_dir: pathlib.Path, dial_timeout: float = DIAL_TIMEOUT,
+                 pod_resources_socket: pathlib.Path | None = None):
+        """`pod_resources_socket` defaults to `pod-resources/kubelet.sock` beside `plugin_dir`."""
         self.plugin_dir = pathlib.Path(plugin_dir)
         self.socket_path = self.plugin_dir / KUBELET_SOCKET
-        if len(str(self.socket_path)) > _MAX_SOCKET_PATH:
-            raise ValueError(f"{self.socket_path} is too long for a unix socket path; use a shorter dir")
+        self.pod_resources_socket = pathlib.Path(pod_resources_socket or
+                                                 self.plugin_dir.parent / POD_RESOURCES_DIR / KUBELET_SOCKET)
+        for path in (self.socket_path, self.pod_resources_socket):
+            if len(str(path)) > _MAX_SOCKET_PATH:
+                raise ValueError(f"{path} is too long for a unix socket path; use a shorter dir")
         self._dial_timeout = dial_timeout
         # Reentrant so that wait_for predicates may call resources() while the condition is held.
         self._cond = threading.Condition(threading.RLock())
         self._server: grpc.Server | None = None
+        self._pod_resources_server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._generation = 0  # bumped by start and stop; a Register spanning one is refused
         self._clients: dict[str, _Client] = {}
         self._views: dict[str, ResourceView] = {}
         self._registrations: list[RegistrationRecord] = []
+        self._assignments: list[Assignment] = []
+        self._pods_made = 0
 
     # Lifecycle
 
@@ -172,6 +218,12 @@ class KubeletSimulator:
             server.add_insecure_port(f"unix://{self.socket_path}")
             server.start()
             self._server = server
+            self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+            pod_resources = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubelet-sim-podres"))
+            podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), pod_resources)
+            pod_resources.add_insecure_port(f"unix://{self.pod_resources_socket}")
+            pod_resources.start()
+            self._pod_resources_server = pod_resources
             self._generation += 1
             self._cond.notify_all()
 
@@ -179,6 +231,7 @@ class KubeletSimulator:
         """Stop serving and drop every plugin connection; resources stay, disconnected."""
         with self._cond:
             server, self._server = self._server, None
+            pod_resources, self._pod_resources_server = self._pod_resources_server, None
             executor, self._executor = self._executor, None
             self._generation += 1
             clients = list(self._clients.values())
@@ -189,6 +242,9 @@ class KubeletSimulator:
         if server is not None:
             server.stop(grace=None).wait()
             executor.shutdown(wait=False)
+        if pod_resources is not None:
+            pod_resources.stop(grace=None).wait()
+            self.pod_resources_socket.unlink(missing_ok=True)
         for client in clients:
             client.close()
         for client in clients:
@@ -226,6 +282,11 @@ class KubeletSimulator:
         with self._cond:
             return dict(self._views)
 
+    def assignments(self) -> list[Assignment]:
+        """What the PodResources API reports: the devices each container holds."""
+        with self._cond:
+            return list(self._assignments)
+
     def describe(self) -> str:
         with self._cond:
             lines = [f"serving={self._server is not None} registrations={len(self._registrations)}"]
@@ -260,11 +321,29 @@ class KubeletSimulator:
     # Calls to plugins
 
     def allocate(self, resource: str, container_device_lists: Iterable[Iterable[str]],
-                 timeout: float = RPC_TIMEOUT) -> api_pb2.AllocateResponse:
-        """One Allocate call with one container request per list (the kubelet sends one). Raises grpc.RpcError."""
+                 timeout: float = RPC_TIMEOUT, pod: str | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> api_pb2.AllocateResponse:
+        """One Allocate call with one container request per list (the kubelet sends one). Raises grpc.RpcError.
+
+        On success the devices belong to the containers `ctr-0`, `ctr-1`, ... of `pod` (default: a new
+        `sim-pod-<n>`) in `namespace`, as the PodResources API then reports."""
+        lists = [list(ids) for ids in container_device_lists]
         request = api_pb2.AllocateRequest(container_requests=[
-            api_pb2.ContainerAllocateRequest(devices_ids=list(ids)) for ids in container_device_lists])
-        return self._stub(resource).Allocate(request, timeout=timeout)
+            api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in lists])
+        response = self._stub(resource).Allocate(request, timeout=timeout)
+        with self._cond:
+            self._pods_made += 1
+            pod = pod or f"sim-pod-{self._pods_made}"
+            self._assign(resource, [Assignment(namespace, pod, f"ctr-{index}", resource, tuple(dict.fromkeys(ids)))
+                                    for index, ids in enumerate(lists)])
+            self._cond.notify_all()
+        return response
+
+    def release(self, pod: str, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """The pod ended: its devices are nobody's any more."""
+        with self._cond:
+            self._assignments = [a for a in self._assignments if (a.namespace, a.pod) != (namespace, pod)]
+            self._cond.notify_all()
 
     def preferred_allocation(self, resource: str, available: Iterable[str], must_include: Iterable[str] = (),
                              size: int = 1, timeout: float = RPC_TIMEOUT) -> api_pb2.PreferredAllocationResponse:
@@ -284,6 +363,46 @@ class KubeletSimulator:
                       f"ListAndWatch of {resource} to end")
 
     # Internals
+
+    def _assign(self, resource: str, new: list[Assignment]) -> None:
+        """Give `new` their devices, which earlier holders lose; the caller holds the lock."""
+        taken = {device for assignment in new for device in assignment.device_ids}
+        kept = []
+        for assignment in self._assignments:
+            if assignment.resource == resource:
+                assignment = dataclasses.replace(assignment, device_ids=tuple(
+                    d for d in assignment.device_ids if d not in taken))
+            if assignment.device_ids:
+                kept.append(assignment)
+        self._assignments = kept + new
+
+    def _topology(self, resource: str, device_ids: Iterable[str]) -> podresources_pb2.TopologyInfo:
+        """The NUMA nodes the plugin advertised for these devices; the caller holds the lock."""
+        view = self._views.get(resource)
+        nodes = sorted({node for d in device_ids for node in (view.devices[d].numa_nodes
+                                                               if view and d in view.devices else ())})
+        return podresources_pb2.TopologyInfo(nodes=[podresources_pb2.NUMANode(ID=node) for node in nodes])
+
+    def _pod_resources(self) -> list[podresources_pb2.PodResources]:
+        with self._cond:
+            pods: dict[tuple[str, str], podresources_pb2.PodResources] = {}
+            containers: dict[tuple[str, str, str], podresources_pb2.ContainerResources] = {}
+            for a in self._assignments:
+                pod = pods.setdefault((a.namespace, a.pod), podresources_pb2.PodResources(name=a.pod,
+                                                                                          namespace=a.namespace))
+                key = (a.namespace, a.pod, a.container)
+                if key not in containers:
+                    containers[key] = pod.containers.add(name=a.container)
+                containers[key].devices.add(resource_name=a.resource, device_ids=a.device_ids,
+                                            topology=self._topology(a.resource, a.device_ids))
+            return list(pods.values())
+
+    def _allocatable(self) -> list[podresources_pb2.ContainerDevices]:
+        with self._cond:
+            return [podresources_pb2.ContainerDevices(resource_name=name, device_ids=[device],
+                                                      topology=self._topology(name, [device]))
+                    for name, view in sorted(self._views.items()) for device in sorted(view.devices)
+                    if view.devices[device].health == "Healthy"]
 
     def _client(self, resource: str) -> _Client:
         with self._cond:
