@@ -59,7 +59,7 @@ import grpc  # noqa: E402
 from bench import common  # noqa: E402
 from shared.metrics import PATH, metrics_dir  # noqa: E402
 from shared.resources import Resource  # noqa: E402
-from simulator.demo import expected_resources  # noqa: E402
+from rbln_device_plugin.simulate import expected_resources  # noqa: E402
 from simulator.kubelet import KubeletSimulator  # noqa: E402
 from simulator.node import SimulatedNode  # noqa: E402
 from simulator.spec import NodeSpec  # noqa: E402

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 Record = dict[str, Any]
-ENTRYPOINT = "from shared.cli import main; main()"
+ENTRYPOINT = "from rbln_device_plugin.cli import main; main()"
 RUN_COMMAND = (sys.executable, "-c", ENTRYPOINT, "run")
 
 

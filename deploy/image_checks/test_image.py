@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import yaml
 
-from simulator.demo import expected_resources
+from rbln_device_plugin.simulate import expected_resources
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
@@ -283,7 +283,7 @@ def test_supervisord_is_pid_1(container):
     container.process.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS), timeout=60)
     argv = container.exec("cat", "/proc/1/cmdline").stdout.split("\0")[:-1]
     assert argv[:5] == [IMAGE_PYTHON, "-m", "supervisor.supervisord", "-n", "-c"]
-    assert argv[5].startswith(f"{IMAGE_VENV}/lib/") and argv[5].endswith("/shared/supervisor.conf")
+    assert argv[5].startswith(f"{IMAGE_VENV}/lib/") and argv[5].endswith("/rbln_device_plugin/supervisor.conf")
     programs = container.wait_running()
     assert set(programs) == PROGRAMS
     # Each program is a child of PID 1: supervisord started it, nothing in between.

@@ -17,7 +17,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from kubelet_watchdog.probes import PROGRAMS, WORKERS
 from resource_worker import tracing
-from shared import logs_command
+from rbln_device_plugin import logs as logs_command
 from shared.resources import Resource
 from shared.version import VERSION
 

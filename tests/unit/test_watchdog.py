@@ -19,7 +19,7 @@ from shared.config import Settings
 from shared.metrics import Recorder
 from shared.process import SHUTDOWN_STATE_FAULT, fault_code
 from shared.pod_resources import Holder
-from shared.status_command import build_report, render_text
+from rbln_device_plugin.status import build_report, render_text
 
 WORKERS = ("worker-npu", "worker-npu-vf1", "worker-npu-vf4")
 

@@ -12,7 +12,7 @@ import textwrap
 import time
 import urllib.request
 
-from shared import status_command
+from rbln_device_plugin import status
 from shared.metrics import PATH
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
@@ -123,9 +123,9 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
         groups = {gid: npus for gid, npus in node.rsd_groups().items() if gid != 0}
         print("RSD groups made by the stack (group -> npu indices): "
               + (", ".join(f"{gid} -> {npus}" for gid, npus in sorted(groups.items())) or "none"))
-        report, _ = status_command.gather(node.run_dir, node.pod_resources_socket)
+        report, _ = status.gather(node.run_dir, node.pod_resources_socket)
         print("rbln-device-plugin status (which pod holds which device comes from the kubelet's PodResources API):")
-        print(textwrap.indent(status_command.render_text(report), "  "))
+        print(textwrap.indent(status.render_text(report), "  "))
         _show_metrics(stack.wait_for_record("Metrics endpoint listening")[0]["port"], expected)
         if args.watch:
             print("Watching; change files under the node (e.g. echo 4 > "
