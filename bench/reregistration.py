@@ -28,7 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
-from kubelet_watchdog.supervisor_control import Supervisor, connect  # noqa: E402
+from shared.supervisord.client import Supervisor, connect  # noqa: E402
 from shared.resources import Resource  # noqa: E402
 from simulator.kubelet import KubeletSimulator  # noqa: E402
 from simulator.spec import NodeSpec  # noqa: E402

@@ -14,12 +14,12 @@ from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from kubelet_watchdog.supervisor_control import Supervisor, SupervisorError, SupervisorStopping, connect
-from scanner.cdi import remove_stale_specs
-from shared import runtime_status
+from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
+from shared.cdi_specs import remove_stale_specs
+from shared import process_status
 from shared.config import Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
-from shared.process import ShutdownSignal, start_process
+from shared.process_lifecycle import ShutdownSignal, start_process
 
 if TYPE_CHECKING:
     from kubelet_watchdog.metrics_server import MetricsEndpoint
@@ -132,8 +132,8 @@ class Watchdog:
                 logger.error("Shutdown request failed", err=str(exc))
             return
         run_dir = self._settings.run_dir
-        scanner = runtime_status.read_status(run_dir, SCANNER)
-        workers = {name: runtime_status.read_status(run_dir, name) for name in WORKERS}
+        scanner = process_status.read_status(run_dir, SCANNER)
+        workers = {name: process_status.read_status(run_dir, name) for name in WORKERS}
         ready = readiness(programs, scanner, workers)
         self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval), ready,
                      StackView(current_status(scanner, programs, SCANNER),

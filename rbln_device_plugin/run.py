@@ -12,7 +12,7 @@ import pathlib
 import sys
 from collections.abc import Mapping
 
-from shared import supervisor_rpc
+from shared.supervisord import transport
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
 from shared.metrics import reset_metrics_dir
 from shared.safe_open import ensure_private_dir
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> None:
     os.umask(STACK_UMASK)
     try:
         ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
-        supervisor_rpc.write_credentials(settings.run_dir)
+        transport.write_credentials(settings.run_dir)
         reset_metrics_dir(settings.run_dir, enabled=settings.metrics_port >= 0)
     except OSError as exc:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_watchdog.probes import PROGRAMS, SCANNER, current_status
-from kubelet_watchdog.supervisor_control import SupervisorError, connect
-from shared import runtime_status
+from shared.supervisord.client import SupervisorError, connect
+from shared import process_status
 from shared.config import OPTIONS, Option
 from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
 from shared.resources import Resource
@@ -149,8 +149,8 @@ def gather(run_dir: pathlib.Path, pod_resources_socket: pathlib.Path) -> tuple[d
         holders = device_holders(pod_resources_socket, [r.value for r in Resource])
     except PodResourcesUnavailable as exc:
         pod_resources_error = str(exc)
-    report = build_report(programs, runtime_status.read_status(run_dir, SCANNER),
-                          {r.process_name: runtime_status.read_status(run_dir, r.process_name) for r in Resource},
+    report = build_report(programs, process_status.read_status(run_dir, SCANNER),
+                          {r.process_name: process_status.read_status(run_dir, r.process_name) for r in Resource},
                           time.monotonic(), holders, pod_resources_error)
     return report, supervisord_error
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from resource_worker.health import judge
+from shared.device_health import judge
 from resource_worker.placement import card_key
 from scanner.discovery import scan
 from shared.config import ConfigError, Settings

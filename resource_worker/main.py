@@ -18,14 +18,14 @@ from shared.plugin_socket import remove_stale_sockets
 from resource_worker.rsd_group import RsdGroups
 from resource_worker.subscriber import InventorySubscriber
 from resource_worker.tracing import AllocationTracer, setup_tracing
-from shared import runtime_status
+from shared import process_status
 from shared.config import Settings
 from shared.ipc import InventoryMessage
 from shared.metrics import Recorder, recorder_for
-from shared.process import ShutdownSignal, exit_now, start_process
+from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
-from shared.status import read_status
+from shared.device_status import read_status
 from shared.version import VERSION
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class Worker:
             self._attention.clear()
         if self._server is not None:
             self._stop_serving()
-        runtime_status.remove_status(self._settings.run_dir, self._resource.process_name)
+        process_status.remove_status(self._settings.run_dir, self._resource.process_name)
 
     def _report(self) -> None:
         """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
@@ -122,7 +122,7 @@ class Worker:
                   "devices": {d.device_id: {"health": d.health.health.value, "status": d.health.status.name}
                               for d in devices}}
         if status != self._reported:
-            runtime_status.write_status(self._settings.run_dir, self._resource.process_name, status)
+            process_status.write_status(self._settings.run_dir, self._resource.process_name, status)
             self._reported = status
 
     def _step(self) -> float | None:

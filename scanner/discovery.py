@@ -13,7 +13,7 @@ from shared.pci_path import PciPaths
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
 from shared.resources import Resource
 from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov
-from shared.status import read_status
+from shared.device_status import read_status
 
 Clock = Callable[[], int]
 

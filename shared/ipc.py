@@ -24,7 +24,7 @@ import msgpack
 
 from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.resources import Resource
-from shared.status import StatusReading
+from shared.device_status import StatusReading
 
 SCHEMA_VERSION = 1
 SNAPSHOT_REQUEST = b"ICANHAZ?"

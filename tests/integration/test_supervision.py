@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubelet_watchdog.probes import PROGRAMS
-from kubelet_watchdog.supervisor_control import connect, server_proxy
+from shared.supervisord.client import connect, server_proxy
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
 from simulator.stack import ENTRYPOINT

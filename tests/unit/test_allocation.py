@@ -13,7 +13,7 @@ from resource_worker.device_table import DeviceTable
 from resource_worker.rsd_group import GroupChange, RsdGroupError
 from shared.rbln_smi import SmiUsage
 from shared.resources import Resource
-from shared.status import StatusReading
+from shared.device_status import StatusReading
 from tests.unit.test_ipc import message, record
 
 READY, FAULT = StatusReading(0), StatusReading(4)

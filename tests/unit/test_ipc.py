@@ -4,7 +4,7 @@ import pytest
 from shared import ipc
 from shared.inventory import DeviceRecord, is_valid_device_id
 from shared.resources import Resource
-from shared.status import StatusReading
+from shared.device_status import StatusReading
 
 
 def record(device_id="rbln0", **overrides):

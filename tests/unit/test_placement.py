@@ -12,7 +12,7 @@ from resource_worker.placement import (Candidate, PlacementRequestError, candida
 from resource_worker.placement.pool import tables_for
 from shared.inventory import DeviceRecord
 from shared.pci_path import PciPaths
-from shared.status import StatusReading
+from shared.device_status import StatusReading
 
 # The PCI tree of the upstream README's example.
 ROOT_A, ROOT_B = "pci0000:00", "pci0000:80"

@@ -2,8 +2,8 @@
 credentials, each call bounded in time and in the size of its reply.
 
 Both of the stack's clients go through `exchange`: the watchdog and `rbln-device-plugin status` (an
-XML-RPC proxy on it, kubelet_watchdog/supervisor_control.py) and a program that learns the stack stops
-(shared/process.py). A supervisord that hangs or babbles becomes a SupervisorUnreachable (an OSError)
+XML-RPC proxy on it, shared/supervisord/client.py) and a program that learns the stack stops
+(shared/process_lifecycle.py). A supervisord that hangs or babbles becomes a SupervisorUnreachable (an OSError)
 within CALL_TIMEOUT, never a stuck or bloated client. Only the standard library's light modules are
 imported: every process of the stack loads this one.
 

@@ -14,7 +14,8 @@ from xml.etree import ElementTree
 
 from loguru import logger
 
-from shared import log, supervisor_rpc
+from shared import log
+from shared.supervisord import transport
 from shared.config import ConfigError, Settings
 from shared.version import VERSION
 
@@ -174,10 +175,10 @@ def _children(parent: int) -> list[int]:
     return children
 
 
-def _ask_supervisord(url: str) -> supervisor_rpc.Reply | None:
+def _ask_supervisord(url: str) -> transport.Reply | None:
     """supervisord's answer to supervisor.getState on its socket at `url`; None if it gives none in time."""
     try:
-        return supervisor_rpc.exchange(pathlib.Path(url.removeprefix("unix://")).parent, _GET_STATE,
+        return transport.exchange(pathlib.Path(url.removeprefix("unix://")).parent, _GET_STATE,
                                        timeout=_TELL_STACK_SECONDS)
     except OSError:
         return None
