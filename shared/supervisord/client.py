@@ -1,4 +1,7 @@
-"""The watchdog's hold on supervisord over XML-RPC (shared/supervisord/transport.py): states, restarts, shutdown."""
+"""supervisord's programs over XML-RPC, on the bounded transport: states, restarts, shutdown.
+
+Used by the watchdog (restarts, shutdown, the probes' program states) and by `rbln-device-plugin status`.
+"""
 
 from __future__ import annotations
 

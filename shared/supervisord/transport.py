@@ -1,9 +1,9 @@
 """The stack's one way to talk to supervisord: XML-RPC over the run dir's unix socket, with the stack's
 credentials, each call bounded in time and in the size of its reply.
 
-Both of the stack's clients go through `exchange`: the watchdog and `rbln-device-plugin status` (an
-XML-RPC proxy on it, shared/supervisord/client.py) and a program that learns the stack stops
-(shared/process_lifecycle.py). A supervisord that hangs or babbles becomes a SupervisorUnreachable (an OSError)
+Every call goes through `exchange`: the XML-RPC `Supervisor` of the watchdog and `rbln-device-plugin status`
+(client.py) and the question a program asks at shutdown, whether the whole stack stops
+(`stopping_supervisord`). A supervisord that hangs or babbles becomes a SupervisorUnreachable (an OSError)
 within CALL_TIMEOUT, never a stuck or bloated client. Only the standard library's light modules are
 imported: every process of the stack loads this one.
 
@@ -24,6 +24,7 @@ import secrets
 import socket
 import struct
 import time
+from xml.etree import ElementTree
 
 from shared import safe_open
 from shared.config import RUN_DIR_ENV, SUPERVISOR_SOCKET
@@ -36,6 +37,10 @@ CALL_TIMEOUT = 5.0
 MAX_REPLY_BYTES = 1024 * 1024
 _MAX_CREDENTIALS_BYTES = 4096
 _SECTION = "unix_http_server"
+# supervisor.xmlrpc.Faults.SHUTDOWN_STATE: supervisord's answer to any request while it stops every program.
+SHUTDOWN_STATE_FAULT = 6
+# Written out rather than built by xmlrpc.client, whose imports would cost every process some 20 ms.
+_GET_STATE = b"<?xml version='1.0'?><methodCall><methodName>supervisor.getState</methodName></methodCall>"
 
 
 class SupervisorUnreachable(OSError):
@@ -136,3 +141,22 @@ def exchange(run_dir: pathlib.Path, request_body: bytes, timeout: float = CALL_T
         raise SupervisorUnreachable(f"supervisord answered no HTTP status: {head[:80]!r}") from None
     pid, _uid, _gid = struct.unpack("3i", credentials)
     return Reply(pid, status, body)
+
+
+def fault_code(response: bytes) -> int | None:
+    """The faultCode of an XML-RPC fault response; None for any other answer."""
+    try:
+        return int(ElementTree.fromstring(response).findtext("fault/value/struct/member[name='faultCode']/value/*"))
+    except (ElementTree.ParseError, TypeError, ValueError):
+        return None
+
+
+def stopping_supervisord(run_dir: pathlib.Path, timeout: float) -> int | None:
+    """The pid of the supervisord answering in `run_dir` while it stops every program (to exit or to reload:
+    it then refuses every request, and answers a partial stop normally); None when it is not stopping
+    everything or gives no answer within `timeout`."""
+    try:
+        answer = exchange(run_dir, _GET_STATE, timeout=timeout)
+    except OSError:
+        return None
+    return answer.peer_pid if fault_code(answer.body) == SHUTDOWN_STATE_FAULT else None

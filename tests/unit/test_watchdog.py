@@ -17,7 +17,7 @@ from kubelet_watchdog.stack_metrics import StackView
 from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
 from shared.config import Settings
 from shared.metrics import Recorder
-from shared.process_lifecycle import SHUTDOWN_STATE_FAULT, fault_code
+from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 from shared.pod_resources import Holder
 from rbln_device_plugin.status import build_report, render_text
 
