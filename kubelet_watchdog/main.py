@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from kubelet_watchdog.health_server import HealthServer
-from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, current_status, liveness, readiness
+from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
@@ -20,11 +20,11 @@ from shared import process_status
 from shared.config import Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
 from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.programs import SCANNER, WATCHDOG, WORKERS
 
 if TYPE_CHECKING:
     from kubelet_watchdog.metrics_server import MetricsEndpoint
 
-PROCESS = "watchdog"
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
 # notice a FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
 CHECK_INTERVAL = 2.0
@@ -150,7 +150,7 @@ class Watchdog:
 
 
 def main() -> None:
-    settings = start_process(PROCESS)
+    settings = start_process(WATCHDOG)
     shutdown = ShutdownSignal().install()
     recorder = recorder_for(settings.metrics_port, settings.run_dir)
     recorder.load()

@@ -6,12 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from shared.programs import PROGRAMS, SCANNER
 from shared.resources import Resource
 
-SCANNER = "scanner"
-WATCHDOG = "watchdog"
-WORKERS = tuple(resource.process_name for resource in Resource)
-PROGRAMS = (SCANNER, *WORKERS, WATCHDOG)
 # The scanner publishes every interval; three missed publications mean it is stuck.
 STALE_SCANS = 3
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
-from kubelet_watchdog.probes import PROGRAMS
 from shared import log
+from shared.programs import PROGRAMS
 from shared.durations import parse_duration
 
 FOLLOW_POLL_SECONDS = 0.2

@@ -12,7 +12,7 @@ import sys
 import grpc
 import pytest
 
-from kubelet_watchdog.probes import PROGRAMS
+from shared.programs import PROGRAMS
 from shared.metrics import FAMILIES, metrics_dir
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT

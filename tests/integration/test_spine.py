@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from shared import process_status
+from shared.programs import WORKERS
 from shared.resources import Resource
 
 NPU, VF1, VF4 = (r.value for r in Resource)
@@ -36,7 +37,6 @@ def test_pf_only_node_registers_npu_only(make_node, kubelet, start_stack):
         "worker-npu": True, "worker-npu-vf1": False, "worker-npu-vf4": False}
 
 
-WORKERS = [r.process_name for r in Resource]
 
 
 def loaded_libraries(node, process: str, timeout: float = 20.0) -> str:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kubelet_watchdog.probes import PROGRAMS
+from shared.programs import PROGRAMS, WORKERS
 from shared.supervisord.client import connect, server_proxy
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
@@ -24,7 +24,6 @@ from simulator.stack import ENTRYPOINT
 from tests.integration.test_faults import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
-WORKERS = tuple(r.process_name for r in Resource)
 # One device of every resource: every worker serves.
 NODE = "1,1:vf1,1:vf4"
 DEVICES = {NPU: {"rbln0"}, VF1: {"rbln1-0"}, VF4: {"rbln2-0", "rbln2-1", "rbln2-2", "rbln2-3"}}

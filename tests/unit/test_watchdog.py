@@ -11,7 +11,7 @@ import pytest
 from supervisor.xmlrpc import Faults
 
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
-from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
+from kubelet_watchdog.probes import liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
@@ -19,9 +19,9 @@ from shared.config import Settings
 from shared.metrics import Recorder
 from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 from shared.pod_resources import Holder
+from shared.programs import PROGRAMS, WORKERS
 from rbln_device_plugin.status import build_report, render_text
 
-WORKERS = ("worker-npu", "worker-npu-vf1", "worker-npu-vf4")
 
 
 def running(**overrides):
