@@ -14,10 +14,9 @@ import sys
 from typing import Any
 
 from shared.device_health import judge
-from resource_worker.placement import card_key
 from scanner.discovery import scan
 from shared.config import ConfigError, Settings
-from shared.inventory import DeviceRecord
+from shared.inventory import DeviceRecord, card_key
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
 
