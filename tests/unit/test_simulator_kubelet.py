@@ -13,7 +13,8 @@ import pytest
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.podresources.v1 import api_pb2 as podresources_pb2
 from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
-from simulator.kubelet import KubeletSimulator, is_extended_resource_name
+from simulator.kubelet import KubeletSimulator
+from simulator.registration_rules import is_extended_resource_name
 
 NPU = "rebellions.ai/npu"
 
