@@ -46,12 +46,12 @@ from typing import Any, NamedTuple
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from shared.rbln_smi import run_bounded  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.stack import StackProcess  # noqa: E402
+from bench import common
+from shared.rbln_smi import run_bounded
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.stack import StackProcess
 
 SIZES = (1, 4, 8)
 CALLS = 500

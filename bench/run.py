@@ -25,7 +25,7 @@ import traceback
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
+from bench import common
 
 BENCHMARKS = ("placement_bench", "scan_cost", "allocate_latency", "health_propagation", "reregistration",
               "idle_cost", "scrape_cost", "soak")

@@ -54,16 +54,16 @@ from concurrent.futures import ThreadPoolExecutor
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
+import grpc
 
-from bench import common  # noqa: E402
-from shared.metrics import PATH, metrics_dir  # noqa: E402
-from shared.programs import PROGRAMS  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from rbln_device_plugin.simulate import expected_resources  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.spec import NodeSpec  # noqa: E402
+from bench import common
+from rbln_device_plugin.simulate import expected_resources
+from shared.metrics import PATH, metrics_dir
+from shared.programs import PROGRAMS
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.spec import NodeSpec
 
 NODE = "4,1:vf1,1:vf4"
 FLAPPING = ("rbln1", "rbln4-0", "rbln5-2")
@@ -90,7 +90,7 @@ class Plan:
     warm_up: float
 
     @classmethod
-    def for_minutes(cls, minutes: float) -> "Plan":
+    def for_minutes(cls, minutes: float) -> Plan:
         seconds = minutes * 60
         if seconds >= 180:
             return cls(minutes, restart_every=120.0, kill_every=45.0, warm_up=30.0)

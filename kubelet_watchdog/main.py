@@ -14,13 +14,13 @@ from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
-from shared.cdi_specs import remove_stale_specs
 from shared import process_status
+from shared.cdi_specs import remove_stale_specs
 from shared.config import Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
 from shared.process_lifecycle import ShutdownSignal, start_process
 from shared.programs import SCANNER, WATCHDOG, WORKERS
+from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
 if TYPE_CHECKING:
     from kubelet_watchdog.metrics_server import MetricsEndpoint

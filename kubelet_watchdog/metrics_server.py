@@ -74,7 +74,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # serving thread.
     timeout = CLIENT_TIMEOUT_SECONDS
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if urllib.parse.urlsplit(self.path).path != PATH:
             self.send_error(404, f"only {PATH} is served here")
             return
@@ -94,7 +94,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args) -> None:  # http.server's signature, `format` and all
         """Nothing: a scrape every few seconds is no news."""
 
 

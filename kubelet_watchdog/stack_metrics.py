@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.device_health import Health
+from shared.device_status import KernelStatus
 from shared.metrics import DEVICE_STATUS, DEVICES, DISCOVERY_FAILING, LAST_SCAN, READY, REGISTERED, STREAMS, Family
 from shared.resources import Resource
-from shared.device_status import KernelStatus
 
 # The status label's values: the driver's statuses, UNKNOWN for any other number, UNREADABLE without one.
 UNKNOWN_STATUS = "UNKNOWN"

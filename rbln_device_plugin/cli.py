@@ -11,7 +11,7 @@ from shared.version import VERSION
 class _StderrParser(argparse.ArgumentParser):
     """stdout carries only log records, so help, version and usage go to stderr."""
 
-    def _print_message(self, message, file=None):  # noqa: D401 - argparse hook
+    def _print_message(self, message, file=None):  # argparse's hook for everything it prints
         if message:
             sys.stderr.write(message)
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
 from shared import log
-from shared.programs import PROGRAMS
 from shared.durations import parse_duration
+from shared.programs import PROGRAMS
 
 FOLLOW_POLL_SECONDS = 0.2
 

@@ -12,10 +12,10 @@ import pathlib
 import sys
 from collections.abc import Mapping
 
-from shared.supervisord import transport
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
 from shared.metrics import reset_metrics_dir
 from shared.safe_open import ensure_private_dir
+from shared.supervisord import transport
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
 # Every file the stack creates (log files on a hostPath among them) is private to root and its group.

@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_watchdog.probes import current_status
-from shared.supervisord.client import SupervisorError, connect
 from shared import process_status
 from shared.config import OPTIONS, Option
 from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
 from shared.programs import PROGRAMS, SCANNER
 from shared.resources import Resource
+from shared.supervisord.client import SupervisorError, connect
 
 _RUN_DIR = next(option for option in OPTIONS if option.field == "run_dir")
 _POD_RESOURCES = next(option for option in OPTIONS if option.field == "kubelet_pod_resources_socket")

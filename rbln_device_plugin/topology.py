@@ -13,9 +13,9 @@ import json
 import sys
 from typing import Any
 
-from shared.device_health import judge
 from scanner.discovery import scan
 from shared.config import ConfigError, Settings
+from shared.device_health import judge
 from shared.inventory import DeviceRecord, card_key
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from resource_worker.device_table import Advertised, DeviceTable
-from shared.device_health import Health
 from resource_worker.rsd_group import GroupChange, RsdGroupError, RsdGroups
-from shared.inventory import DeviceRecord
+from shared.device_health import Health
 from shared.device_status import StatusReading
+from shared.inventory import DeviceRecord
 
 CDI_ANNOTATION_KEY = "cdi.k8s.io/rebellions.ai_npu"
 CDI_ANNOTATION_VALUE = "rebellions.ai/npu=runtime"

@@ -8,10 +8,10 @@ import uuid
 import zmq
 from loguru import logger
 
-from shared.cdi_specs import remove_stale_specs
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.publisher import InventoryPublisher
 from shared import ipc, process_status
+from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, Settings
 from shared.metrics import Recorder, recorder_for
 from shared.process_lifecycle import ShutdownSignal, start_process

@@ -165,7 +165,7 @@ class Settings:
     node_name: str
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for option in OPTIONS:

@@ -14,8 +14,8 @@ from typing import NoReturn
 from loguru import logger
 
 from shared import log
-from shared.supervisord import transport
 from shared.config import ConfigError, Settings
+from shared.supervisord import transport
 from shared.version import VERSION
 
 # Termination requests a process honours. SIGHUP too: nothing in the stack reloads
@@ -76,7 +76,7 @@ class ShutdownSignal:
         self._stack_told.set()
         self.signal_name: str | None = None
 
-    def install(self) -> "ShutdownSignal":
+    def install(self) -> ShutdownSignal:
         """Handle SHUTDOWN_SIGNALS from now on (call from the main thread)."""
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)

@@ -211,8 +211,8 @@ def _parse_device(entry: Any) -> SmiDevice:
         raise ValueError("missing 'device' name")
     named = device[:_MAX_NAME_IN_ERROR]  # a reason is logged: a hostile name must not make it huge
     npu = entry.get("npu")
-    if isinstance(npu, bool) or not (isinstance(npu, int) and npu >= 0
-                                     or isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu)):
+    if isinstance(npu, bool) or not ((isinstance(npu, int) and npu >= 0)
+                                     or (isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu))):
         raise ValueError(f"{named}: 'npu' must be a non-negative integer or a plain token")
     pci = entry.get("pci") or {}
     if not isinstance(pci, dict):

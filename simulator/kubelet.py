@@ -56,7 +56,7 @@ class _Refused(Exception):
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, kubelet: "KubeletSimulator"):
+    def __init__(self, kubelet: KubeletSimulator):
         self._kubelet = kubelet
 
     def Register(self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext) -> api_pb2.Empty:
@@ -148,7 +148,7 @@ class KubeletSimulator:
                 self._views[name] = dataclasses.replace(view, devices={}, updates=0)
         self.start()
 
-    def __enter__(self) -> "KubeletSimulator":
+    def __enter__(self) -> KubeletSimulator:
         self.start()
         return self
 
@@ -181,7 +181,7 @@ class KubeletSimulator:
                              f"updates={view.updates} devices=[{devices}]")
             return "\n".join(lines)
 
-    def wait_for(self, predicate: Callable[["KubeletSimulator"], bool], timeout: float, what: str) -> None:
+    def wait_for(self, predicate: Callable[[KubeletSimulator], bool], timeout: float, what: str) -> None:
         with self._cond:
             if not self._cond.wait_for(lambda: predicate(self), timeout):
                 raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}; kubelet state:\n"

@@ -66,7 +66,7 @@ def server_proxy(run_dir: pathlib.Path, timeout: float = transport.CALL_TIMEOUT)
     return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=_Transport(run_dir, timeout))
 
 
-def connect(run_dir: pathlib.Path) -> "Supervisor":
+def connect(run_dir: pathlib.Path) -> Supervisor:
     """A Supervisor talking to supervisord in the stack's `run_dir` (connects at each call)."""
     return Supervisor(server_proxy(run_dir))
 

@@ -102,7 +102,7 @@ def exchange(run_dir: pathlib.Path, request_body: bytes, timeout: float = CALL_T
     def time_left() -> float:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise socket.timeout
+            raise TimeoutError
         return left
 
     request = (b"POST /RPC2 HTTP/1.0\r\nHost: localhost\r\nContent-Type: text/xml\r\n"
@@ -128,7 +128,7 @@ def exchange(run_dir: pathlib.Path, request_body: bytes, timeout: float = CALL_T
                 chunks.append(chunk)
     except SupervisorUnreachable:
         raise
-    except socket.timeout:
+    except TimeoutError:
         raise SupervisorUnreachable(f"supervisord at {socket_path(run_dir)} did not answer within "
                                     f"{timeout:g}s") from None
     except OSError as exc:

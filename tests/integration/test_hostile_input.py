@@ -169,7 +169,7 @@ def footprint_violations(served: Served) -> list[str]:
             if event in _EXEC_EVENTS:
                 if path not in runnable:
                     violations.append(f"{log.stem}: runs {path}")
-            elif event in _WRITE_EVENTS or event == "open" and isinstance(args[2], int) and args[2] & _WRITE_FLAGS:
+            elif event in _WRITE_EVENTS or (event == "open" and isinstance(args[2], int) and args[2] & _WRITE_FLAGS):
                 if event == "os.mkdir" and path in ancestors:
                     continue
                 if not _within(path, writable):

@@ -17,16 +17,26 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubelet_watchdog.health_server import MAX_CONCURRENT_CALLS
-from shared.supervisord.client import server_proxy
-from shared.supervisord import transport
 from shared.rbln_smi import TOOL_ENVIRONMENT
+from shared.supervisord import transport
+from shared.supervisord.client import server_proxy
 from simulator import smi_state
 from simulator.stack import ENTRYPOINT, StackProcess
 from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
 from tests.integration.test_faults import wait_until
-from tests.integration.test_supervision import (DEVICES, NODE, NOT_SERVING, SERVING, await_health,
-                                                await_restarted_workers, await_serving, free_port, program_info,
-                                                registrations, status_command)
+from tests.integration.test_supervision import (
+    DEVICES,
+    NODE,
+    NOT_SERVING,
+    SERVING,
+    await_health,
+    await_restarted_workers,
+    await_serving,
+    free_port,
+    program_info,
+    registrations,
+    status_command,
+)
 
 NPU = "rebellions.ai/npu"
 # The chart's probes give the kubelet's Check this long (probes.*.timeoutSeconds).

@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.programs import PROGRAMS, WORKERS
-from shared.supervisord.client import connect, server_proxy
 from shared.resources import Resource
+from shared.supervisord.client import connect, server_proxy
 from simulator.kubelet import KubeletSimulator
 from simulator.stack import ENTRYPOINT
 from tests.integration.test_faults import wait_until

@@ -3,9 +3,9 @@ import pathlib
 import pytest
 
 from shared.config import OPTIONS, SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
+from shared.durations import format_duration, parse_duration
 from shared.plugin_socket import longest_socket_name, new_socket_name
 from shared.resources import Resource
-from shared.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [

@@ -2,9 +2,9 @@ import msgpack
 import pytest
 
 from shared import ipc
+from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord, is_valid_device_id
 from shared.resources import Resource
-from shared.device_status import StatusReading
 
 
 def record(device_id="rbln0", **overrides):

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from shared.device_health import Health, HealthHistory, judge
 from shared import ipc
+from shared.device_health import Health, HealthHistory, judge
 from shared.device_status import MAX_STATUS_BYTES, UNREADABLE, StatusReading, parse_status, read_status, status_path
 from tests.unit.test_ipc import message, record
 

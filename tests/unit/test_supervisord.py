@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shared.supervisord.client import SupervisorError, connect
 from shared.supervisord import transport
+from shared.supervisord.client import SupervisorError, connect
 from shared.supervisord.transport import SupervisorUnreachable, exchange
 
 STATE_REPLY = xmlrpc.client.dumps(({"statecode": 1, "statename": "RUNNING"},), methodresponse=True).encode()
@@ -41,7 +41,7 @@ def stand_in(run_dir, behave: Callable[[socket.socket, bytes], None]) -> Iterato
             while not stopped.is_set():
                 try:
                     connection, _ = listener.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 with connection:
                     connection.settimeout(5)

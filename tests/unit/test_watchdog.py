@@ -14,14 +14,13 @@ from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.probes import liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from rbln_device_plugin.status import build_report, render_text
 from shared.config import Settings
 from shared.metrics import Recorder
-from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 from shared.pod_resources import Holder
 from shared.programs import PROGRAMS, WORKERS
-from rbln_device_plugin.status import build_report, render_text
-
+from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 
 
 def running(**overrides):

@@ -11,8 +11,16 @@ import pytest
 from loguru import logger
 
 from resource_worker.device_table import DeviceTable
-from resource_worker.lifecycle import (BACKOFF_MAX, BACKOFF_START, IDLE_CHECK_SECONDS, UNTIL_SIGNALLED, Backoff,
-                                       Phase, RegistrationError, Worker)
+from resource_worker.lifecycle import (
+    BACKOFF_MAX,
+    BACKOFF_START,
+    IDLE_CHECK_SECONDS,
+    UNTIL_SIGNALLED,
+    Backoff,
+    Phase,
+    RegistrationError,
+    Worker,
+)
 from shared import process_status
 from shared.resources import Resource
 from tests.unit.test_ipc import message, record
@@ -24,7 +32,7 @@ KUBELET_SOCKET = pathlib.Path("/kubelet/kubelet.sock")
 class FakeRegistration:
     def __init__(self, on_done: Callable[[], None]) -> None:
         self._on_done = on_done
-        self._outcome: Exception | None | str = "pending"
+        self._outcome: Exception | str | None = "pending"
         self.cancelled = False
 
     def done(self) -> bool:
