@@ -133,7 +133,8 @@ def _measure_size(node: SimulatedNode, kubelet: KubeletSimulator, stack: StackPr
         source = "plugin smiMs"
     else:
         unrecorded_ms = statistics.median(window.ms - recorded.recorded_ms(window) for window in direct)
-        smi_ms = [recorded.recorded_ms(window) + count * unrecorded_ms for window, count in zip(allocations, counts)]
+        smi_ms = [recorded.recorded_ms(window) + count * unrecorded_ms
+                  for window, count in zip(allocations, counts, strict=True)]
         source = f"estimate: stand-in windows + {unrecorded_ms:.1f} ms/call start-up; own time needs smiMs"
     row.update(worker_cpu_ms_per_call=round(worker_cpu_ms, 2),
                smi_p50_ms=round(common.percentile(smi_ms, 0.5), 3),

@@ -132,7 +132,7 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
                   f"{node.status_file(node.inventory[0].device)}) and press Ctrl-C to stop.")
             seen = kubelet.describe()
             while True:
-                kubelet.wait_for(lambda k: k.describe() != seen, 3600, "a change")
+                kubelet.wait_for(lambda k, seen=seen: k.describe() != seen, 3600, "a change")
                 seen = kubelet.describe()
                 print(textwrap.indent(seen, "  "))
         code = stack.stop()

@@ -111,7 +111,7 @@ def _cell(value: Any) -> str:
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [header] + [[_cell(value) for value in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
 
 
 def render_text(report: Mapping[str, Any]) -> str:

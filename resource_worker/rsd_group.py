@@ -59,7 +59,8 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise RsdGroupError(f"RSD lock {lock_file} still held by another process after {timeout:g}s")
+                    held = f"RSD lock {lock_file} still held by another process after {timeout:g}s"
+                    raise RsdGroupError(held) from None
                 time.sleep(pause)
                 pause = min(pause * 2, _LOCK_POLL_MAX)
         yield fd

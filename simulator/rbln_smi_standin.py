@@ -58,7 +58,7 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, str]]:
     if sorted(argv) == ["-g", "-j"]:
         return GROUPS, {}
     if argv[:1] == ["group"] and len(argv) % 2 == 1:
-        options = dict(zip(argv[1::2], argv[2::2]))
+        options = dict(zip(argv[1::2], argv[2::2], strict=True))
         if len(options) * 2 == len(argv) - 1:
             if options.keys() == {"-d"}:
                 return DESTROY, options

@@ -118,7 +118,8 @@ def test_rbln_smi_faults_fail_discovery_and_the_stack_recovers_from_each(make_no
         already = len(stack.find(DISCOVERY_FAILED))
         inject_fault()
         # A hung rbln-smi is killed at its timeout: the failure is reported within it plus a scan interval.
-        wait_until(lambda: any(fragment in r["err"] for r in stack.find(DISCOVERY_FAILED)[already:]),
+        wait_until(lambda fragment=fragment, already=already: any(
+                       fragment in r["err"] for r in stack.find(DISCOVERY_FAILED)[already:]),
                    LIST_TIMEOUT + 5, f"discovery to fail on {name}")
         kubelet.wait_for_devices(NPU, lambda view: not view.connected, timeout=10)
         recovered = len(stack.find("Device discovery recovered"))

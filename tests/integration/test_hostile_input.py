@@ -276,7 +276,7 @@ def test_preferred_allocation_answers_one_valid_or_empty_response_per_container(
             assert request.ByteSize() > GRPC_LIMIT
             return
     assert len(response.container_responses) == len(containers)
-    for (available, must, size), answer in zip(containers, response.container_responses):
+    for (available, must, size), answer in zip(containers, response.container_responses, strict=True):
         chosen = list(answer.deviceIDs)
         if chosen:
             assert len(chosen) == size and len(set(chosen)) == size

@@ -159,8 +159,8 @@ def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others
         before = registrations(kubelet)
         victim = program_info(node)[program]["pid"]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: (info := program_info(node)[program])["statename"] == "RUNNING"
-                   and info["pid"] != victim, 20, f"a new {program}")
+        wait_until(lambda program=program, victim=victim: (info := program_info(node)[program])["statename"]
+                   == "RUNNING" and info["pid"] != victim, 20, f"a new {program}")
         if program in WORKERS:
             resource = Resource.from_process_name(program).value
             await_serving(kubelet, since={resource: before[resource]})

@@ -272,7 +272,7 @@ def test_unary_calls(kubelet, start_plugin):
     preferred = kubelet.preferred_allocation(NPU, ["rbln3", "rbln1", "rbln2"], must_include=["rbln3"], size=2)
     assert list(preferred.container_responses[0].deviceIDs) == ["rbln3", "rbln1"]
     assert kubelet.options(NPU).get_preferred_allocation_available
-    with pytest.raises(LookupError, match="rebellions.ai/npu-vf4"):
+    with pytest.raises(LookupError, match=r"rebellions\.ai/npu-vf4"):
         kubelet.allocate("rebellions.ai/npu-vf4", [["rbln0-0"]])
 
 

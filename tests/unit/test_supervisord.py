@@ -88,7 +88,7 @@ def test_every_start_writes_a_new_private_password(run_dir):
 
 def test_a_supervisord_that_never_answers_costs_one_timeout(run_dir):
     with stand_in(run_dir, lambda connection, _: time.sleep(3)):
-        with pytest.raises(SupervisorUnreachable, match="did not answer within 0.3s"):
+        with pytest.raises(SupervisorUnreachable, match=r"did not answer within 0\.3s"):
             exchange(run_dir, b"<methodCall/>", timeout=0.3)
 
 
@@ -100,7 +100,7 @@ def test_a_reply_that_trickles_in_is_cut_off_at_the_deadline_not_per_read(run_di
             time.sleep(0.05)
 
     with stand_in(run_dir, trickle):
-        with pytest.raises(SupervisorUnreachable, match="did not answer within 0.5s"):
+        with pytest.raises(SupervisorUnreachable, match=r"did not answer within 0\.5s"):
             exchange(run_dir, b"<methodCall/>", timeout=0.5)
 
 
