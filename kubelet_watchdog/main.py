@@ -45,23 +45,25 @@ class HealthEndpoint:
     def set(self, live: bool, ready: bool) -> None:
         if self._port < 0:
             return
-        if self._server is None and not self._listen():
+        server = self._server if self._server is not None else self._listen()
+        if server is None:
             return
         if (live, ready) != self._published:
-            self._server.set(live, ready)
+            server.set(live, ready)
             self._published = (live, ready)
 
-    def _listen(self) -> bool:
+    def _listen(self) -> HealthServer | None:
+        """The server, listening, or None when the port cannot be bound now."""
         try:
             self._server = self._make_server(self._port)
         except RuntimeError as exc:  # grpc's "Failed to bind"
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
-            return False
+            return None
         self._server.start()
         logger.info("Health service listening", port=self._server.port)
-        return True
+        return self._server
 
     def stop(self) -> None:
         if self._server is not None:
@@ -82,7 +84,7 @@ class Watchdog:
     def run(self, shutdown: ShutdownSignal) -> None:
         next_check = 0.0
         while not shutdown.is_set():
-            select.select([self._watcher, shutdown], [], [], max(0.0, next_check - time.monotonic()))
+            select.select([self._watcher.fileno(), shutdown.fileno()], [], [], max(0.0, next_check - time.monotonic()))
             if shutdown.is_set():
                 break
             if self._watcher.recreated():

@@ -79,7 +79,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(404, f"only {PATH} is served here")
             return
         try:
-            encoder, content_type = choose_encoder(self.headers.get("Accept"))
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             body = encoder(self.registry)
         except Exception as exc:  # a scrape must never take the watchdog down
             logger.opt(exception=True).warning("Metrics collection failed", err=f"{type(exc).__name__}: {exc}")
@@ -87,7 +87,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         self.send_response(200)
         self.send_header("Content-Type", content_type)
-        if gzip_accepted(self.headers.get("Accept-Encoding")):
+        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))

@@ -35,7 +35,8 @@ def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, An
             return Verdict(False, f"{name} is {state}")
     limit = STALE_SCANS * scan_interval
     info = programs[SCANNER]
-    if current_status(scanner, programs, SCANNER) is None:
+    scanner = current_status(scanner, programs, SCANNER)
+    if scanner is None:
         uptime = info.get("now", 0) - info.get("start", 0)
         if uptime > limit:
             return Verdict(False, f"scanner has published nothing in {uptime:.0f}s")

@@ -11,6 +11,7 @@ import os
 import pathlib
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
 from shared.metrics import reset_metrics_dir
@@ -25,7 +26,8 @@ STACK_UMASK = 0o027
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         if option.flag:
-            bare = {"nargs": "?", "const": "true"} if option.boolean else {}
+            # A boolean flag may stand alone, meaning true.
+            bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.boolean else {}
             parser.add_argument(option.flag, dest=option.field, metavar=option.env, **bare,
                                 help=f"{option.help} (env {option.env}, default {option.default or 'empty'})")
 

@@ -11,6 +11,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Callable
 
 from rbln_device_plugin import status
 from shared.metrics import PATH
@@ -81,6 +82,10 @@ def _sample_allocation(kubelet: KubeletSimulator, node: SimulatedNode, resource:
         print(f"      annotation {key}: {value}")
 
 
+def _changed_since(seen: str) -> Callable[[KubeletSimulator], bool]:
+    return lambda kubelet: kubelet.describe() != seen
+
+
 def _metrics_page(port: int, expected: dict[str, list[str]]) -> str:
     """The stack's /metrics, once it shows every expected resource registered."""
     deadline = time.monotonic() + METRICS_TIMEOUT
@@ -132,7 +137,7 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
                   f"{node.status_file(node.inventory[0].device)}) and press Ctrl-C to stop.")
             seen = kubelet.describe()
             while True:
-                kubelet.wait_for(lambda k, seen=seen: k.describe() != seen, 3600, "a change")
+                kubelet.wait_for(_changed_since(seen), 3600, "a change")
                 seen = kubelet.describe()
                 print(textwrap.indent(seen, "  "))
         code = stack.stop()

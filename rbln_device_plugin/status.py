@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     for option, what in ((_RUN_DIR, "the stack's run dir"),
                          (_POD_RESOURCES, "the kubelet's PodResources socket, asked which pod holds each device")):
+        assert option.flag is not None, f"{option.env} is a setting with a flag"
         parser.add_argument(option.flag, dest=option.field, metavar=option.env,
                             help=f"{what} (env {option.env}, default {option.default})")
 

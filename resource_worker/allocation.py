@@ -140,7 +140,8 @@ class Allocator:
             detail = _names([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
             raise AllocationError(ErrorKind.UNHEALTHY_DEVICE, f"cannot allocate unhealthy devices: {detail}",
                                   unhealthy)
-        return [[known[device_id] for device_id in ids] for ids in wanted]
+        found = {device_id: device for device_id, device in known.items() if device is not None}
+        return [[found[device_id] for device_id in ids] for ids in wanted]
 
     def allocate_container(self, devices: Sequence[Advertised]) -> ContainerAllocation:
         records = tuple(sorted((d.record for d in devices), key=lambda r: r.device_id))

@@ -60,7 +60,9 @@ class PluginInstance(Protocol):
     """One instance of the resource's plugin (resource_worker.plugin_server.PluginServer)."""
 
     socket_name: str
-    streams: StreamCount
+
+    @property
+    def streams(self) -> StreamCount: ...
 
     @property
     def socket_exists(self) -> bool: ...

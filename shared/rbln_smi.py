@@ -145,11 +145,13 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
                                 start_new_session=True, env=env)
     except OSError as exc:
         raise RblnSmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    output = proc.stdout
+    assert output is not None, "stdout is a pipe"
     chunks: list[bytes] = []
     size = 0
     deadline = started + timeout
     with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(output, selectors.EVENT_READ)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -157,7 +159,7 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
                     raise RblnSmiError(f"{' '.join(argv)} timed out after {timeout:g}s")
                 if not selector.select(remaining):
                     continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
+                chunk = os.read(output.fileno(), 65536)
                 if not chunk:
                     break
                 size += len(chunk)
@@ -170,7 +172,7 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
         finally:
             if proc.poll() is None:
                 _kill_group(proc)
-            proc.stdout.close()
+            output.close()
     return CallResult(returncode, b"".join(chunks), time.monotonic() - started)
 
 

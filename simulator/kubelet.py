@@ -125,6 +125,7 @@ class KubeletSimulator:
             self._cond.notify_all()
         if server is not None:
             server.stop(grace=None).wait()
+        if executor is not None:
             executor.shutdown(wait=False)
         if pod_resources is not None:
             pod_resources.stop(grace=None).wait()
@@ -324,7 +325,8 @@ class KubeletSimulator:
         if old is not None:
             old.close()
             # Register returns once the replaced stream is gone: nothing of it arrives later.
-            old.thread.join(timeout=RPC_TIMEOUT)
+            if old.thread is not None:
+                old.thread.join(timeout=RPC_TIMEOUT)
 
     def _watch(self, client: PluginConnection) -> None:
         try:

@@ -217,7 +217,7 @@ def main(argv: list[str], state_dir: str) -> int:
             smi_state.append_call(state_dir, record)
             _hang()
             return 1
-        if kind == "slow":
+        if fault is not None and kind == "slow":
             time.sleep(fault["delay"])
         if kind == "exit":
             return _finish(state_dir, record, 1, "", "rbln-smi: simulated failure: NPU driver is not responding\n")

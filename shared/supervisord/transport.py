@@ -146,8 +146,9 @@ def exchange(run_dir: pathlib.Path, request_body: bytes, timeout: float = CALL_T
 def fault_code(response: bytes) -> int | None:
     """The faultCode of an XML-RPC fault response; None for any other answer."""
     try:
-        return int(ElementTree.fromstring(response).findtext("fault/value/struct/member[name='faultCode']/value/*"))
-    except (ElementTree.ParseError, TypeError, ValueError):
+        code = ElementTree.fromstring(response).findtext("fault/value/struct/member[name='faultCode']/value/*")
+        return None if code is None else int(code)
+    except (ElementTree.ParseError, ValueError):
         return None
 
 
