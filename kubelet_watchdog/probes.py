@@ -1,4 +1,5 @@
-"""Liveness and readiness of the stack, as plain functions of what supervisord and the status files say."""
+"""Liveness and readiness of the stack, as plain functions of what supervisord and the status files say
+(docs/kubelet.md#health-probes)."""
 
 from __future__ import annotations
 

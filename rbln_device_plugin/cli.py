@@ -1,4 +1,4 @@
-"""`rbln-device-plugin`: the command operators and the container entrypoint use."""
+"""`rbln-device-plugin`: the command operators and the container entrypoint use (docs/commands.md)."""
 
 from __future__ import annotations
 

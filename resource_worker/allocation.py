@@ -1,7 +1,7 @@
 """Allocate: validate the request, check health once, make an RSD group per container, describe the devices.
 
 Kept apart from gRPC: it takes device ID lists and returns plain results, or
-raises AllocationError carrying the gRPC status the kubelet should see.
+raises AllocationError carrying the gRPC status the kubelet should see (docs/kubelet.md#allocate).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""RSD groups: each allocation gets a fresh group holding exactly its devices.
+"""RSD groups: each allocation gets a fresh group holding exactly its devices (docs/node.md#rsd-groups-and-their-lock).
 
 Group changes are serialised across every process on the node by an flock on
 the RSD lock file. While the lock is held the first listing is authoritative,

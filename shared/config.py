@@ -1,4 +1,4 @@
-"""Configuration shared by every process of the stack (CONTRACT §2).
+"""Configuration shared by every process of the stack (docs/configuration.md).
 
 Every setting has a flag on `rbln-device-plugin run`, an environment variable
 and a default. `run` turns its flags into environment variables, and every

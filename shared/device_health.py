@@ -1,4 +1,4 @@
-"""Health policy and history: which devices the kubelet may hand out.
+"""Health policy and history: which devices the kubelet may hand out (docs/node.md#driver-status).
 
 The verdict rests on the last status that could actually be read:
 - READY is Healthy, and is the only reading that clears a fault;

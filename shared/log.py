@@ -1,4 +1,4 @@
-"""The one structured log stream of the stack (CONTRACT §5), and each process's own log file.
+"""The one structured log stream of the stack, and each process's own log file (docs/logs.md).
 
 Each process writes one record per line to stdout: JSON by default (`ts`,
 `level`, `msg`, `process`, then the event's keys) or a text rendering for

@@ -1,4 +1,4 @@
-"""Calls to the `rbln-smi` tool and parsing of its JSON (CONTRACT §3).
+"""Calls to the `rbln-smi` tool and parsing of its JSON (docs/node.md#rbln-smi).
 
 Every call is bounded in time and in output size: a hung or babbling tool
 turns into an `RblnSmiError`, never into a stuck or bloated process. The tool

@@ -1,4 +1,5 @@
-"""The `rbln-smi` of a simulated node: the four commands of CONTRACT §3 over the node's private state.
+"""The `rbln-smi` of a simulated node: the four commands the stack runs (docs/node.md#rbln-smi), over the
+node's private state.
 
 `bin/rbln-smi` (written by `simulator.node`) calls `main` with the node's state dir.
 
