@@ -1,4 +1,5 @@
-"""The packages' layers hold: a module imports only from its own package and from layers below it.
+"""The packages' layers hold: a module imports only from its own package and from layers below it; and no
+module grows past what one reads as one piece.
 
 Layer 0 is shared/; layer 1 the process packages and the simulator, each on shared/ alone; layer 2 the
 commands (rbln_device_plugin/), which may use everything. Every import counts, a function's own included:
@@ -85,3 +86,21 @@ def test_the_check_finds_hidden_sideways_upward_and_relative_imports(tmp_path):
         "(layer 1), sideways",
         "simulator/node.py:1: `from tests import conftest`: simulator imports tests, which the product does not ship",
     ]
+
+
+MAX_MODULE_LINES = 500
+MAX_MODULE_BYTES = 18 * 1024
+
+
+def test_no_module_of_the_product_is_too_big_to_read_as_one_piece():
+    """Generated stubs aside: a module past these sizes holds more than one job."""
+    too_big = []
+    for package in _layer_of(LAYERS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "_pb2" in path.name:
+                continue
+            text = path.read_bytes()
+            lines = text.count(b"\n")
+            if lines > MAX_MODULE_LINES or len(text) > MAX_MODULE_BYTES:
+                too_big.append(f"{path.relative_to(ROOT)}: {lines} lines, {len(text)} bytes")
+    assert too_big == []
