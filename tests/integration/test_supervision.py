@@ -262,7 +262,9 @@ def test_a_program_that_cannot_run_makes_supervisord_shut_the_stack_down(make_no
     assert fatal["programs"] == ["scanner"] and fatal["level"] == "error"
     for process in PROGRAMS[1:]:
         assert stack.find(process=process)[-1]["msg"] == "Shutdown"
-    assert len(stack.find("Starting rbln-device-plugin", process="scanner")) == 4  # the start and 3 retries
+    # The start and 3 retries at least: on a loaded machine a start can take longer than startsecs to
+    # fail, which supervisord counts as a run and answers with a fresh set of retries.
+    assert len(stack.find("Starting rbln-device-plugin", process="scanner")) >= 4
     assert stack.stop() == 0
 
 
