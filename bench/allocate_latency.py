@@ -46,12 +46,12 @@ from typing import Any, NamedTuple
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from shared.rbln_smi import run_bounded  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.stack import StackProcess  # noqa: E402
+from bench import common
+from shared.rbln_smi import run_bounded
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.stack import StackProcess
 
 SIZES = (1, 4, 8)
 CALLS = 500
@@ -133,7 +133,8 @@ def _measure_size(node: SimulatedNode, kubelet: KubeletSimulator, stack: StackPr
         source = "plugin smiMs"
     else:
         unrecorded_ms = statistics.median(window.ms - recorded.recorded_ms(window) for window in direct)
-        smi_ms = [recorded.recorded_ms(window) + count * unrecorded_ms for window, count in zip(allocations, counts)]
+        smi_ms = [recorded.recorded_ms(window) + count * unrecorded_ms
+                  for window, count in zip(allocations, counts, strict=True)]
         source = f"estimate: stand-in windows + {unrecorded_ms:.1f} ms/call start-up; own time needs smiMs"
     row.update(worker_cpu_ms_per_call=round(worker_cpu_ms, 2),
                smi_p50_ms=round(common.percentile(smi_ms, 0.5), 3),

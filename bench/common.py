@@ -24,8 +24,8 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
+from rbln_device_plugin.simulate import expected_resources  # noqa: E402
 from shared.resources import Resource  # noqa: E402
-from simulator.demo import expected_resources  # noqa: E402
 from simulator.kubelet import KubeletSimulator  # noqa: E402
 from simulator.node import SimulatedNode, build_node  # noqa: E402
 from simulator.spec import NodeSpec  # noqa: E402

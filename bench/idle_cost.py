@@ -21,8 +21,8 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from simulator.smi_state import INVENTORY  # noqa: E402
+from bench import common
+from simulator.smi_state import INVENTORY
 
 SCAN_INTERVAL = "5s"
 # The health service and the metrics endpoint are on by default (ports 51515 and 51516); port 0 runs

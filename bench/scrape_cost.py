@@ -26,8 +26,8 @@ import urllib.request
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from shared.metrics import PATH  # noqa: E402
+from bench import common
+from shared.metrics import PATH
 
 SCRAPES = 300
 QUICK_SCRAPES = 50

@@ -54,19 +54,19 @@ from concurrent.futures import ThreadPoolExecutor
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
+import grpc
 
-from bench import common  # noqa: E402
-from shared.metrics import PATH, metrics_dir  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.demo import expected_resources  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.spec import NodeSpec  # noqa: E402
+from bench import common
+from rbln_device_plugin.simulate import expected_resources
+from shared.metrics import PATH, metrics_dir
+from shared.programs import PROGRAMS
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.spec import NodeSpec
 
 NODE = "4,1:vf1,1:vf4"
 FLAPPING = ("rbln1", "rbln4-0", "rbln5-2")
-KILLABLE = ("scanner", "worker-npu", "worker-npu-vf1", "worker-npu-vf4", "watchdog")
 SCAN_INTERVAL = "500ms"
 ALLOCATE_RATE = 10.0
 ALLOCATE_CLIENTS = 3
@@ -90,7 +90,7 @@ class Plan:
     warm_up: float
 
     @classmethod
-    def for_minutes(cls, minutes: float) -> "Plan":
+    def for_minutes(cls, minutes: float) -> Plan:
         seconds = minutes * 60
         if seconds >= 180:
             return cls(minutes, restart_every=120.0, kill_every=45.0, warm_up=30.0)
@@ -185,7 +185,7 @@ class MemoryLog:
         for pid in common.stack_processes(root_pid):
             with contextlib.suppress(OSError, KeyError, ValueError):
                 name = common.process_name(pid)
-                if name in ("supervisord", *KILLABLE):
+                if name in ("supervisord", *PROGRAMS):
                     self.samples.setdefault((name, pid), []).append((now, common.memory(pid).rss_kb))
 
     def growth(self, warm_up: float, min_samples: int) -> list[dict]:
@@ -270,7 +270,7 @@ class Chaos:
                 self._await(since, "kubelet restart")
                 next_restart = time.monotonic() + self.plan.restart_every
             if time.monotonic() >= next_kill:
-                program = self.rng.choice(KILLABLE)
+                program = self.rng.choice(PROGRAMS)
                 pid = _program_pid(self.supervisord, program)
                 # Only the killed worker registers again; the other programs' deaths must not unregister anything.
                 since = {name: count for name, count in _registrations(self.kubelet).items()

@@ -96,7 +96,8 @@ def _daemonset_problems(where: str, daemonset: dict[str, Any]) -> Iterator[str]:
     strategy = spec.get("updateStrategy") or {}
     rolling = strategy.get("rollingUpdate") or {}
     if str(rolling.get("maxSurge", 0)) not in ("0", "0%"):
-        yield f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice on a node"
+        yield (f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice "
+               "on a node")
     yield from _pod_spec_problems(where, template.get("spec") or {})
 
 

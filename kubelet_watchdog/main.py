@@ -11,20 +11,20 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from kubelet_watchdog.health_server import HealthServer
-from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, current_status, liveness, readiness
+from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from kubelet_watchdog.supervisor_control import Supervisor, SupervisorError, SupervisorStopping, connect
-from scanner.cdi import remove_stale_specs
-from shared import runtime_status
+from shared import process_status
+from shared.cdi_specs import remove_stale_specs
 from shared.config import Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
-from shared.process import ShutdownSignal, start_process
+from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.programs import SCANNER, WATCHDOG, WORKERS
+from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
 if TYPE_CHECKING:
     from kubelet_watchdog.metrics_server import MetricsEndpoint
 
-PROCESS = "watchdog"
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
 # notice a FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
 CHECK_INTERVAL = 2.0
@@ -45,23 +45,25 @@ class HealthEndpoint:
     def set(self, live: bool, ready: bool) -> None:
         if self._port < 0:
             return
-        if self._server is None and not self._listen():
+        server = self._server if self._server is not None else self._listen()
+        if server is None:
             return
         if (live, ready) != self._published:
-            self._server.set(live, ready)
+            server.set(live, ready)
             self._published = (live, ready)
 
-    def _listen(self) -> bool:
+    def _listen(self) -> HealthServer | None:
+        """The server, listening, or None when the port cannot be bound now."""
         try:
             self._server = self._make_server(self._port)
         except RuntimeError as exc:  # grpc's "Failed to bind"
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
-            return False
+            return None
         self._server.start()
         logger.info("Health service listening", port=self._server.port)
-        return True
+        return self._server
 
     def stop(self) -> None:
         if self._server is not None:
@@ -82,7 +84,7 @@ class Watchdog:
     def run(self, shutdown: ShutdownSignal) -> None:
         next_check = 0.0
         while not shutdown.is_set():
-            select.select([self._watcher, shutdown], [], [], max(0.0, next_check - time.monotonic()))
+            select.select([self._watcher.fileno(), shutdown.fileno()], [], [], max(0.0, next_check - time.monotonic()))
             if shutdown.is_set():
                 break
             if self._watcher.recreated():
@@ -132,8 +134,8 @@ class Watchdog:
                 logger.error("Shutdown request failed", err=str(exc))
             return
         run_dir = self._settings.run_dir
-        scanner = runtime_status.read_status(run_dir, SCANNER)
-        workers = {name: runtime_status.read_status(run_dir, name) for name in WORKERS}
+        scanner = process_status.read_status(run_dir, SCANNER)
+        workers = {name: process_status.read_status(run_dir, name) for name in WORKERS}
         ready = readiness(programs, scanner, workers)
         self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval), ready,
                      StackView(current_status(scanner, programs, SCANNER),
@@ -150,7 +152,7 @@ class Watchdog:
 
 
 def main() -> None:
-    settings = start_process(PROCESS)
+    settings = start_process(WATCHDOG)
     shutdown = ShutdownSignal().install()
     recorder = recorder_for(settings.metrics_port, settings.run_dir)
     recorder.load()

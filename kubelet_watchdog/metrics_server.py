@@ -74,12 +74,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # serving thread.
     timeout = CLIENT_TIMEOUT_SECONDS
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if urllib.parse.urlsplit(self.path).path != PATH:
             self.send_error(404, f"only {PATH} is served here")
             return
         try:
-            encoder, content_type = choose_encoder(self.headers.get("Accept"))
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             body = encoder(self.registry)
         except Exception as exc:  # a scrape must never take the watchdog down
             logger.opt(exception=True).warning("Metrics collection failed", err=f"{type(exc).__name__}: {exc}")
@@ -87,14 +87,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         self.send_response(200)
         self.send_header("Content-Type", content_type)
-        if gzip_accepted(self.headers.get("Accept-Encoding")):
+        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args) -> None:  # http.server's signature, `format` and all
         """Nothing: a scrape every few seconds is no news."""
 
 

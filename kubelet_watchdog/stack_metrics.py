@@ -13,10 +13,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from resource_worker.health import Health
+from shared.device_health import Health
+from shared.device_status import KernelStatus
 from shared.metrics import DEVICE_STATUS, DEVICES, DISCOVERY_FAILING, LAST_SCAN, READY, REGISTERED, STREAMS, Family
 from shared.resources import Resource
-from shared.status import KernelStatus
 
 # The status label's values: the driver's statuses, UNKNOWN for any other number, UNREADABLE without one.
 UNKNOWN_STATUS = "UNKNOWN"

@@ -1,4 +1,4 @@
-"""The kubelet-facing DevicePlugin service of one resource.
+"""The kubelet-facing DevicePlugin service of one resource (what the kubelet gets: docs/kubelet.md).
 
 Every handler answers whatever it is sent: a bad request gets a gRPC error
 (Allocate) or an empty answer (GetPreferredAllocation), never a dead worker.

@@ -8,18 +8,17 @@ import uuid
 import zmq
 from loguru import logger
 
-from scanner.cdi import remove_stale_specs
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.publisher import InventoryPublisher
-from shared import ipc, runtime_status
+from shared import ipc, process_status
+from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, Settings
 from shared.metrics import Recorder, recorder_for
-from shared.process import ShutdownSignal, start_process
+from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.programs import SCANNER
 from shared.rbln_smi import RblnSmi, SmiCommand
 from shared.resources import Resource
 from shared.safe_open import ensure_private_dir
-
-PROCESS = "scanner"
 
 
 class ScanReporter:
@@ -80,7 +79,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
                                                        devices, result.error))
             reporter.report(result, time.monotonic() - started)
             metrics.flush()
-            runtime_status.write_status(settings.run_dir, PROCESS, {
+            process_status.write_status(settings.run_dir, SCANNER, {
                 "resources": {r.value: len(d) for r, d in result.inventories.items()},
                 "discoveryError": result.error,
                 "scanMs": round((time.monotonic() - started) * 1000, 3),
@@ -89,11 +88,11 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
     finally:
         publisher.stop()
         context.term()
-        runtime_status.remove_status(settings.run_dir, PROCESS)
+        process_status.remove_status(settings.run_dir, SCANNER)
 
 
 def main() -> None:
-    settings = start_process(PROCESS)
+    settings = start_process(SCANNER)
     shutdown = ShutdownSignal().install()
     metrics = recorder_for(settings.metrics_port, settings.run_dir)
     metrics.load(smi_commands=[SmiCommand.LIST.value])

@@ -1,4 +1,4 @@
-"""Configuration shared by every process of the stack (CONTRACT §2).
+"""Configuration shared by every process of the stack (docs/configuration.md).
 
 Every setting has a flag on `rbln-device-plugin run`, an environment variable
 and a default. `run` turns its flags into environment variables, and every
@@ -165,7 +165,7 @@ class Settings:
     node_name: str
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for option in OPTIONS:

@@ -1,4 +1,5 @@
-"""What the stack measures for Prometheus: every metric family, and how a process records its events.
+"""What the stack measures for Prometheus: every metric family, and how a process records its events
+(the families as operators see them: docs/metrics.md).
 
 There are two kinds of family, told apart by where their values live:
 

@@ -39,7 +39,7 @@ def _socket_name(resource: Resource, tag: str) -> str:
 def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[str]:
     """Remove sockets an earlier worker of `resource` left behind (it was killed); their names."""
     pattern = socket_pattern(resource)
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(plugin_dir.iterdir())
     except OSError:

@@ -1,4 +1,4 @@
-"""Calls to the `rbln-smi` tool and parsing of its JSON (CONTRACT §3).
+"""Calls to the `rbln-smi` tool and parsing of its JSON (docs/node.md#rbln-smi).
 
 Every call is bounded in time and in output size: a hung or babbling tool
 turns into an `RblnSmiError`, never into a stuck or bloated process. The tool
@@ -145,11 +145,13 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
                                 start_new_session=True, env=env)
     except OSError as exc:
         raise RblnSmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    output = proc.stdout
+    assert output is not None, "stdout is a pipe"
     chunks: list[bytes] = []
     size = 0
     deadline = started + timeout
     with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(output, selectors.EVENT_READ)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -157,7 +159,7 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
                     raise RblnSmiError(f"{' '.join(argv)} timed out after {timeout:g}s")
                 if not selector.select(remaining):
                     continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
+                chunk = os.read(output.fileno(), 65536)
                 if not chunk:
                     break
                 size += len(chunk)
@@ -170,7 +172,7 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
         finally:
             if proc.poll() is None:
                 _kill_group(proc)
-            proc.stdout.close()
+            output.close()
     return CallResult(returncode, b"".join(chunks), time.monotonic() - started)
 
 
@@ -211,8 +213,8 @@ def _parse_device(entry: Any) -> SmiDevice:
         raise ValueError("missing 'device' name")
     named = device[:_MAX_NAME_IN_ERROR]  # a reason is logged: a hostile name must not make it huge
     npu = entry.get("npu")
-    if isinstance(npu, bool) or not (isinstance(npu, int) and npu >= 0
-                                     or isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu)):
+    if isinstance(npu, bool) or not ((isinstance(npu, int) and npu >= 0)
+                                     or (isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu))):
         raise ValueError(f"{named}: 'npu' must be a non-negative integer or a plain token")
     pci = entry.get("pci") or {}
     if not isinstance(pci, dict):

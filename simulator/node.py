@@ -230,7 +230,7 @@ def _write_sysfs(node: SimulatedNode) -> None:
         if not device.is_vf:
             attributes.update(sriov_totalvfs=str(max(4, device.num_vfs)), sriov_numvfs=str(device.num_vfs))
         directory = make_function(device.pci_path, attributes)
-        if device.is_vf:
+        if device.parent is not None:  # a VF
             (directory / "physfn").symlink_to(f"../{node.device(device.parent).bus_id}")
             continue
         vfs = [d for d in node.inventory if d.parent == device.device]

@@ -27,14 +27,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-import tomllib
 import uuid
 from collections.abc import Iterator, Sequence
 
 import pytest
+import tomllib
 import yaml
 
-from simulator.demo import expected_resources
+from rbln_device_plugin.simulate import expected_resources
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
@@ -160,7 +160,7 @@ def test_the_build_context_holds_what_the_build_reads_and_nothing_else(tmp_path)
                      ["wheel"]["packages"])
     assert sorted(p for p in sent if p not in BUILD_FILES and not p.startswith(packages)) == []
     assert sorted(p for p in sent if "__pycache__" in p.split("/") or p.endswith((".pyc", ".pyo"))) == []
-    assert BUILD_FILES <= sent
+    assert sent >= BUILD_FILES
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", *packages], capture_output=True, text=True)
     if tracked.returncode == 0:  # a source tree without .git: the packages' files are not listed anywhere
         assert sorted(set(tracked.stdout.split()) - sent) == []
@@ -283,7 +283,7 @@ def test_supervisord_is_pid_1(container):
     container.process.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS), timeout=60)
     argv = container.exec("cat", "/proc/1/cmdline").stdout.split("\0")[:-1]
     assert argv[:5] == [IMAGE_PYTHON, "-m", "supervisor.supervisord", "-n", "-c"]
-    assert argv[5].startswith(f"{IMAGE_VENV}/lib/") and argv[5].endswith("/shared/supervisor.conf")
+    assert argv[5].startswith(f"{IMAGE_VENV}/lib/") and argv[5].endswith("/rbln_device_plugin/supervisor.conf")
     programs = container.wait_running()
     assert set(programs) == PROGRAMS
     # Each program is a child of PID 1: supervisord started it, nothing in between.

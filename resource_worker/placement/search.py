@@ -19,7 +19,6 @@ from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.score import COMPONENTS, CROSS_ROOT
 from resource_worker.placement.state import RequestClasses, State, WorkMeter
 
-
 # About the work units per open class of computing one bound in full, for deciding whether it still fits.
 _FULL_BOUND_UNITS = 12
 # Work after which a search from one root starts over from one root per NUMA choice.

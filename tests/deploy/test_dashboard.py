@@ -66,7 +66,7 @@ def test_panels_are_laid_out_and_read_from_the_chosen_data_source():
     cells = set()
     for panel in panels:
         grid = panel["gridPos"]
-        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
         covered = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
                    for y in range(grid["y"], grid["y"] + grid["h"])}
         assert not covered & cells, f"{panel['title']} overlaps another panel"

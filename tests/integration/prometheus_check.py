@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from shared.resources import Resource
-from tests.deploy.test_dashboard import load as load_dashboard, queries as dashboard_queries
+from tests.deploy.test_dashboard import load as load_dashboard
+from tests.deploy.test_dashboard import queries as dashboard_queries
 from tests.integration.metrics_scrape import metrics_port
 from tests.integration.test_supervision import free_port
 

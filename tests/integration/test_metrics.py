@@ -12,12 +12,11 @@ import sys
 import grpc
 import pytest
 
-from kubelet_watchdog.probes import PROGRAMS
 from shared.metrics import FAMILIES, metrics_dir
+from shared.programs import PROGRAMS
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT
-from tests.integration.metrics_scrape import (families, metrics_port, parse, scrape_text, series, value,
-                                              wait_for_scrape)
+from tests.integration.metrics_scrape import families, metrics_port, parse, scrape_text, series, value, wait_for_scrape
 from tests.integration.test_faults import wait_until
 from tests.integration.test_supervision import listening_ports, program_info
 

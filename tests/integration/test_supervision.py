@@ -16,15 +16,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kubelet_watchdog.probes import PROGRAMS
-from kubelet_watchdog.supervisor_control import connect, server_proxy
+from shared.programs import PROGRAMS, WORKERS
 from shared.resources import Resource
+from shared.supervisord.client import connect, server_proxy
 from simulator.kubelet import KubeletSimulator
 from simulator.stack import ENTRYPOINT
 from tests.integration.test_faults import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
-WORKERS = tuple(r.process_name for r in Resource)
 # One device of every resource: every worker serves.
 NODE = "1,1:vf1,1:vf4"
 DEVICES = {NPU: {"rbln0"}, VF1: {"rbln1-0"}, VF4: {"rbln2-0", "rbln2-1", "rbln2-2", "rbln2-3"}}
@@ -160,8 +159,8 @@ def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others
         before = registrations(kubelet)
         victim = program_info(node)[program]["pid"]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: (info := program_info(node)[program])["statename"] == "RUNNING"
-                   and info["pid"] != victim, 20, f"a new {program}")
+        wait_until(lambda program=program, victim=victim: (info := program_info(node)[program])["statename"]
+                   == "RUNNING" and info["pid"] != victim, 20, f"a new {program}")
         if program in WORKERS:
             resource = Resource.from_process_name(program).value
             await_serving(kubelet, since={resource: before[resource]})

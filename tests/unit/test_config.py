@@ -3,9 +3,9 @@ import pathlib
 import pytest
 
 from shared.config import OPTIONS, SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
+from shared.durations import format_duration, parse_duration
 from shared.plugin_socket import longest_socket_name, new_socket_name
 from shared.resources import Resource
-from shared.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -71,7 +71,7 @@ def test_healthcheck_port_reads_go_integers(text, port):
 
 @pytest.mark.parametrize("text", ["08080", "1__0", "_1", "1_", "0x", "0o", "1e3", "0b2", "+-1", "\u0663", ""])
 def test_healthcheck_port_refuses_what_go_refuses(text):
-    with pytest.raises(ConfigError, match="HEALTHCHECK_PORT.*not an integer"):
+    with pytest.raises(ConfigError, match=r"HEALTHCHECK_PORT.*not an integer"):
         Settings.from_environ({"HEALTHCHECK_PORT": text})
 
 

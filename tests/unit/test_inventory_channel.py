@@ -154,7 +154,6 @@ def test_junk_snapshot_requests_do_not_stop_the_publisher(channel, short_tmp):
 
 
 def test_ipc_sockets_are_owner_only(channel, short_tmp):
-    publisher, _, _ = channel
     for endpoint in ipc.endpoints(short_tmp):
         mode = stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode)
         assert mode == 0o600

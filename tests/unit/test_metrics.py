@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import values
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
-from prometheus_client.exposition import generate_latest
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
 from resource_worker.servicer import DevicePluginServicer

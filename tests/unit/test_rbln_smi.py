@@ -5,8 +5,16 @@ import time
 
 import pytest
 
-from shared.rbln_smi import (GROUP_COMMANDS, RblnSmi, RblnSmiError, SmiCommand, SmiUsage, locate, parse_listing,
-                              run_bounded)
+from shared.rbln_smi import (
+    GROUP_COMMANDS,
+    RblnSmi,
+    RblnSmiError,
+    SmiCommand,
+    SmiUsage,
+    locate,
+    parse_listing,
+    run_bounded,
+)
 
 
 def tool(tmp_path: pathlib.Path, body: str) -> pathlib.Path:

@@ -13,7 +13,8 @@ import pytest
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.podresources.v1 import api_pb2 as podresources_pb2
 from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
-from simulator.kubelet import KubeletSimulator, is_extended_resource_name
+from simulator.kubelet import KubeletSimulator
+from simulator.registration_rules import is_extended_resource_name
 
 NPU = "rebellions.ai/npu"
 
@@ -271,7 +272,7 @@ def test_unary_calls(kubelet, start_plugin):
     preferred = kubelet.preferred_allocation(NPU, ["rbln3", "rbln1", "rbln2"], must_include=["rbln3"], size=2)
     assert list(preferred.container_responses[0].deviceIDs) == ["rbln3", "rbln1"]
     assert kubelet.options(NPU).get_preferred_allocation_available
-    with pytest.raises(LookupError, match="rebellions.ai/npu-vf4"):
+    with pytest.raises(LookupError, match=r"rebellions\.ai/npu-vf4"):
         kubelet.allocate("rebellions.ai/npu-vf4", [["rbln0-0"]])
 
 

@@ -163,7 +163,7 @@ def test_inventory_schema(mixed):
     assert [d["device"] for d in devices] == mixed.devices()
     document = json.loads(smi(mixed, "-j").stdout)
     assert isinstance(document["KMD_version"], str)
-    for entry, device in zip(devices, mixed.inventory):
+    for entry, device in zip(devices, mixed.inventory, strict=True):
         assert entry["npu"] == device.npu and entry["group_id"] == "0" and entry["status"] == "normal"
         assert entry["name"] == "RBLN-CA25" and entry["sid"] == device.sid and entry["uuid"] and entry["fw_ver"]
         assert entry["pci"]["bus_id"] == device.bus_id and entry["pci"]["numa_node"] == "0"

@@ -11,17 +11,16 @@ import pytest
 from supervisor.xmlrpc import Faults
 
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
-from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
+from kubelet_watchdog.probes import liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from rbln_device_plugin.status import build_report, render_text
 from shared.config import Settings
 from shared.metrics import Recorder
-from shared.process import SHUTDOWN_STATE_FAULT, fault_code
 from shared.pod_resources import Holder
-from shared.status_command import build_report, render_text
-
-WORKERS = ("worker-npu", "worker-npu-vf1", "worker-npu-vf4")
+from shared.programs import PROGRAMS, WORKERS
+from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 
 
 def running(**overrides):
@@ -350,7 +349,7 @@ def test_the_stopping_supervisord_is_recognised_by_its_fault():
 _SIGNAL_SCRIPT = """
 import select, sys
 from shared import log
-from shared.process import ShutdownSignal
+from shared.process_lifecycle import ShutdownSignal
 log.setup("test", {"RBLN_DEVICE_PLUGIN_LOG_DIR": ""})
 shutdown = ShutdownSignal({}).install()
 heard = []

@@ -11,8 +11,9 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from collections.abc import Callable
 
-from shared import status_command
+from rbln_device_plugin import status
 from shared.metrics import PATH
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
@@ -81,6 +82,10 @@ def _sample_allocation(kubelet: KubeletSimulator, node: SimulatedNode, resource:
         print(f"      annotation {key}: {value}")
 
 
+def _changed_since(seen: str) -> Callable[[KubeletSimulator], bool]:
+    return lambda kubelet: kubelet.describe() != seen
+
+
 def _metrics_page(port: int, expected: dict[str, list[str]]) -> str:
     """The stack's /metrics, once it shows every expected resource registered."""
     deadline = time.monotonic() + METRICS_TIMEOUT
@@ -123,16 +128,16 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
         groups = {gid: npus for gid, npus in node.rsd_groups().items() if gid != 0}
         print("RSD groups made by the stack (group -> npu indices): "
               + (", ".join(f"{gid} -> {npus}" for gid, npus in sorted(groups.items())) or "none"))
-        report, _ = status_command.gather(node.run_dir, node.pod_resources_socket)
+        report, _ = status.gather(node.run_dir, node.pod_resources_socket)
         print("rbln-device-plugin status (which pod holds which device comes from the kubelet's PodResources API):")
-        print(textwrap.indent(status_command.render_text(report), "  "))
+        print(textwrap.indent(status.render_text(report), "  "))
         _show_metrics(stack.wait_for_record("Metrics endpoint listening")[0]["port"], expected)
         if args.watch:
             print("Watching; change files under the node (e.g. echo 4 > "
                   f"{node.status_file(node.inventory[0].device)}) and press Ctrl-C to stop.")
             seen = kubelet.describe()
             while True:
-                kubelet.wait_for(lambda k: k.describe() != seen, 3600, "a change")
+                kubelet.wait_for(_changed_since(seen), 3600, "a change")
                 seen = kubelet.describe()
                 print(textwrap.indent(seen, "  "))
         code = stack.stop()

@@ -19,12 +19,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kubelet_watchdog.probes import PROGRAMS, SCANNER, current_status
-from kubelet_watchdog.supervisor_control import SupervisorError, connect
-from shared import runtime_status
+from kubelet_watchdog.probes import current_status
+from shared import process_status
 from shared.config import OPTIONS, Option
 from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
+from shared.programs import PROGRAMS, SCANNER
 from shared.resources import Resource
+from shared.supervisord.client import SupervisorError, connect
 
 _RUN_DIR = next(option for option in OPTIONS if option.field == "run_dir")
 _POD_RESOURCES = next(option for option in OPTIONS if option.field == "kubelet_pod_resources_socket")
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     for option, what in ((_RUN_DIR, "the stack's run dir"),
                          (_POD_RESOURCES, "the kubelet's PodResources socket, asked which pod holds each device")):
+        assert option.flag is not None, f"{option.env} is a setting with a flag"
         parser.add_argument(option.flag, dest=option.field, metavar=option.env,
                             help=f"{what} (env {option.env}, default {option.default})")
 
@@ -110,7 +112,7 @@ def _cell(value: Any) -> str:
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [header] + [[_cell(value) for value in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
 
 
 def render_text(report: Mapping[str, Any]) -> str:
@@ -149,8 +151,8 @@ def gather(run_dir: pathlib.Path, pod_resources_socket: pathlib.Path) -> tuple[d
         holders = device_holders(pod_resources_socket, [r.value for r in Resource])
     except PodResourcesUnavailable as exc:
         pod_resources_error = str(exc)
-    report = build_report(programs, runtime_status.read_status(run_dir, SCANNER),
-                          {r.process_name: runtime_status.read_status(run_dir, r.process_name) for r in Resource},
+    report = build_report(programs, process_status.read_status(run_dir, SCANNER),
+                          {r.process_name: process_status.read_status(run_dir, r.process_name) for r in Resource},
                           time.monotonic(), holders, pod_resources_error)
     return report, supervisord_error
 
