@@ -3,7 +3,12 @@
 One thread (`Worker.run`) moves the resource towards "served and registered" one `step` at a time. Everything
 a step reaches out to is handed in, so each transition can be driven and checked on its own: the plugin
 server (a factory, since every instance is a new server on a socket of its own) with its Register call and
-stream tracker, the check for the kubelet's socket, the clock, and the run dir of the status file.
+stream tracker, the look at the kubelet's socket, the clock, and the run dir of the status file.
+
+An instance registers with one kubelet only. When the kubelet it registered with is replaced (kubelet.sock
+has another identity), the watchdog restarts the worker, so that the new kubelet meets a new instance with
+no health history; the worker leaves that registration to its successor rather than making one the restart
+would undo, and makes it itself only if no restart comes within HANDOVER_SECONDS.
 What the kubelet sees of it is in docs/kubelet.md#registration.
 """
 
@@ -21,6 +26,7 @@ from loguru import logger
 from resource_worker.device_table import DeviceTable, counts
 from shared import process_status
 from shared.ipc import InventoryMessage
+from shared.plugin_socket import SocketIdentity, socket_identity
 from shared.resources import Resource
 
 # How often a serving worker checks its socket even when nothing signals: it may vanish silently.
@@ -29,6 +35,9 @@ IDLE_CHECK_SECONDS = 1.0
 UNTIL_SIGNALLED = None
 BACKOFF_START = 0.2
 BACKOFF_MAX = 5.0
+# How long a worker whose kubelet was replaced waits for the watchdog's restart before it registers with the new
+# kubelet itself (the watchdog notices a new kubelet.sock at once, and a restart takes about a second).
+HANDOVER_SECONDS = 5.0
 
 
 class RegistrationError(RuntimeError):
@@ -119,13 +128,13 @@ class Worker:
 
     def __init__(self, resource: Resource, table: DeviceTable, new_plugin: PluginFactory,
                  kubelet_socket: pathlib.Path, run_dir: pathlib.Path, shutdown: Flag,
-                 kubelet_socket_exists: Callable[[], bool] | None = None,
+                 kubelet_identity: Callable[[], SocketIdentity | None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self._resource = resource
         self.table = table
         self._new_plugin = new_plugin
         self._kubelet_socket = kubelet_socket
-        self._kubelet_socket_exists = kubelet_socket_exists or kubelet_socket.exists
+        self._kubelet_identity = kubelet_identity or (lambda: socket_identity(kubelet_socket))
         self._run_dir = run_dir
         self._shutdown = shutdown
         self._clock = clock
@@ -135,6 +144,9 @@ class Worker:
         self._server: PluginInstance | None = None
         self._phase = Phase.UNREGISTERED
         self._registration: PendingRegistration | None = None
+        self._registering_with: SocketIdentity | None = None  # the kubelet.sock the call in flight went to
+        self._registered_with: SocketIdentity | None = None  # the kubelet.sock of the last accepted Register
+        self._handover_deadline: float | None = None  # set while waiting for the watchdog's restart
         self._retry_at = 0.0
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
@@ -196,17 +208,24 @@ class Worker:
                 self.table.forget_history()
                 logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
             return UNTIL_SIGNALLED
+        # A kubelet restart removes the socket and ends the stream too; then the handover below says what happens.
         if self._server is not None and not self._server.socket_exists:
-            logger.warning("Device plugin socket was removed; serving on a new one",
-                           resourceName=self._resource.value, endpoint=self._server.socket_name)
+            if not self._kubelet_replaced():
+                logger.warning("Device plugin socket was removed; serving on a new one",
+                               resourceName=self._resource.value, endpoint=self._server.socket_name)
             self._stop_serving()
+        if self._server is not None and self._phase is Phase.REGISTERED and self._server.streams.take_dropped():
+            if not self._kubelet_replaced():
+                logger.warning("Kubelet ended the device list stream; registering again",
+                               resourceName=self._resource.value)
+            self._phase = Phase.UNREGISTERED
+        if self._phase is Phase.UNREGISTERED:
+            handover = self._await_replacement()
+            if handover is not None:
+                return handover
         if self._server is None:
             self._server = self._new_plugin(self.wake)
             self._server.serve()
-        if self._phase is Phase.REGISTERED and self._server.streams.take_dropped():
-            logger.warning("Kubelet ended the device list stream; registering again",
-                           resourceName=self._resource.value)
-            self._phase = Phase.UNREGISTERED
         if self._phase is Phase.REGISTERING:
             return self._finish_registration(self._server)
         if self._phase is Phase.UNREGISTERED:
@@ -217,9 +236,11 @@ class Worker:
         now = self._clock()
         if now < self._retry_at:
             return self._retry_at - now
-        if not self._kubelet_socket_exists():
+        kubelet = self._kubelet_identity()
+        if kubelet is None:
             self._log_wait("INFO", "Waiting for the kubelet socket", path=str(self._kubelet_socket))
             return self._retry_later(now)
+        self._registering_with = kubelet
         self._registration = server.register(self._kubelet_socket, self.wake)
         self._phase = Phase.REGISTERING
         return IDLE_CHECK_SECONDS
@@ -237,10 +258,33 @@ class Worker:
             self._phase = Phase.UNREGISTERED
             return self._retry_later(self._clock())
         self._phase = Phase.REGISTERED
+        self._registered_with = self._registering_with
         self._waiting_for = None
         self._backoff.reset()
         server.log_registered()
         return IDLE_CHECK_SECONDS
+
+    def _await_replacement(self) -> float | None:
+        """While the kubelet this instance registered with has been replaced, not serving and waiting for the
+        watchdog's restart: the time left to wait; None once there is nothing to wait for."""
+        if not self._kubelet_replaced():
+            return None
+        now = self._clock()
+        if self._handover_deadline is None:
+            self._handover_deadline = now + HANDOVER_SECONDS
+            logger.info("Kubelet restarted; waiting for the watchdog to restart this worker",
+                        resourceName=self._resource.value)
+            if self._server is not None:
+                self._stop_serving()
+        if now < self._handover_deadline:
+            return self._handover_deadline - now
+        logger.warning("No restart came after the kubelet restarted; registering with the new kubelet",
+                       resourceName=self._resource.value)
+        self._registered_with = self._handover_deadline = None
+        return None
+
+    def _kubelet_replaced(self) -> bool:
+        return self._registered_with is not None and self._kubelet_identity() != self._registered_with
 
     def _log_wait(self, level: str, message: str, **fields: Any) -> None:
         """Say why the worker is not registered yet, once per reason; retries for the same reason log at debug."""

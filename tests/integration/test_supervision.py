@@ -132,6 +132,9 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
         await_serving(kubelet, since=before)
     detected = stack.find("Detected kubelet socket recreation; restarting device plugins")
     assert len(detected) == 5 and all(r["process"] == "watchdog" and r["level"] == "info" for r in detected)
+    # One registration per restart and resource: an old instance leaves the new kubelet to its successor.
+    assert registrations(kubelet) == dict.fromkeys(kubelet.resources(), 6)
+    assert not stack.find("No restart came after the kubelet restarted; registering with the new kubelet")
     # Each instance had its own socket; the kubelet removed the old ones, the new instances left none behind.
     assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
 

@@ -14,6 +14,7 @@ from resource_worker.device_table import DeviceTable
 from resource_worker.lifecycle import (
     BACKOFF_MAX,
     BACKOFF_START,
+    HANDOVER_SECONDS,
     IDLE_CHECK_SECONDS,
     UNTIL_SIGNALLED,
     Backoff,
@@ -27,6 +28,8 @@ from tests.unit.test_ipc import message, record
 
 RESOURCE = Resource.NPU
 KUBELET_SOCKET = pathlib.Path("/kubelet/kubelet.sock")
+FIRST_KUBELET = (1, 7, 1_000)
+RESTARTED_KUBELET = (1, 7, 2_000)  # the same inode number again, bound later
 
 
 class FakeRegistration:
@@ -93,13 +96,13 @@ class Rig:
 
     def __init__(self, run_dir: pathlib.Path) -> None:
         self.now = 1000.0
-        self.kubelet_up = True
+        self.kubelet: tuple[int, int, int] | None = FIRST_KUBELET  # kubelet.sock's identity
         self.plugins: list[FakePlugin] = []
         self.asked = threading.Event()  # set at every Register call
         self.shutdown = threading.Event()
         self.run_dir = run_dir
         self.worker = Worker(RESOURCE, DeviceTable(RESOURCE), self._new_plugin, KUBELET_SOCKET, run_dir,
-                             self.shutdown, kubelet_socket_exists=lambda: self.kubelet_up, clock=lambda: self.now)
+                             self.shutdown, kubelet_identity=lambda: self.kubelet, clock=lambda: self.now)
 
     def _new_plugin(self, on_stream_change: Callable[[], None]) -> FakePlugin:
         self.plugins.append(FakePlugin(f"plugin-{len(self.plugins)}.sock", on_stream_change, self.asked))
@@ -201,14 +204,14 @@ def test_a_refused_registration_is_retried_after_a_growing_backoff_that_success_
 
 
 def test_without_the_kubelet_socket_the_worker_serves_and_waits_without_calling_register(rig, logged):
-    rig.kubelet_up = False
+    rig.kubelet = None
     rig.inventory("rbln0")
     assert rig.worker.step() == BACKOFF_START
     assert rig.plugin.socket_exists and rig.plugin.registrations == []
     rig.now += BACKOFF_START
     assert rig.worker.step() == 2 * BACKOFF_START
     assert [lv for lv, msg in logged if msg == "Waiting for the kubelet socket"] == ["INFO", "DEBUG"]
-    rig.kubelet_up = True
+    rig.kubelet = FIRST_KUBELET
     rig.now += 2 * BACKOFF_START
     rig.worker.step()
     assert len(rig.plugin.registrations) == 1 and rig.worker.phase is Phase.REGISTERING
@@ -223,6 +226,50 @@ def test_a_removed_socket_is_replaced_by_a_new_instance_that_registers_again(rig
     assert new.socket_exists and len(new.registrations) == 1 and rig.worker.phase is Phase.REGISTERING
     assert ("WARNING", "Device plugin socket was removed; serving on a new one") in logged
     assert rig.status()["endpoint"] == "plugin-1.sock" and rig.status()["registered"] is False
+
+
+@pytest.mark.parametrize("noticed", ["socket removed", "stream ended"])
+def test_after_a_kubelet_restart_the_worker_leaves_the_new_registration_to_the_watchdogs_restart(rig, logged,
+                                                                                               noticed):
+    old = rig.registered()
+    rig.kubelet = None  # the restarting kubelet removed every socket and has no kubelet.sock yet
+    if noticed == "socket removed":
+        old.socket_exists = False
+    else:
+        old.streams.dropped = True
+    assert rig.worker.step() == HANDOVER_SECONDS
+    assert old.stopped and len(rig.plugins) == 1 and rig.worker.phase is Phase.UNREGISTERED
+    assert rig.status()["registered"] is False and rig.status()["endpoint"] is None
+    assert ("INFO", "Kubelet restarted; waiting for the watchdog to restart this worker") in logged
+    assert not [msg for _, msg in logged if msg.startswith(("Device plugin socket was", "Kubelet ended"))]
+
+    rig.kubelet = RESTARTED_KUBELET
+    rig.now += 1.0
+    assert rig.worker.step() == pytest.approx(HANDOVER_SECONDS - 1.0), "a new kubelet.sock is the watchdog's cue"
+    assert len(rig.plugins) == 1
+    # No restart came (the watchdog is down, say): the worker registers with the new kubelet itself, once.
+    rig.now += HANDOVER_SECONDS - 1.0
+    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    assert len(rig.plugins) == 2 and len(rig.plugin.registrations) == 1
+    assert ("WARNING", "No restart came after the kubelet restarted; registering with the new kubelet") in logged
+    rig.plugin.registrations[0].answer()
+    rig.worker.step()
+    assert rig.worker.phase is Phase.REGISTERED
+    rig.plugin.socket_exists = False
+    rig.worker.step()
+    assert len(rig.plugins) == 3, "registered with the new kubelet: a lost socket is served anew at once"
+
+
+def test_a_register_refused_by_a_kubelet_going_away_waits_for_the_restart_once_the_new_one_is_there(rig, logged):
+    plugin = rig.registered()
+    plugin.streams.dropped = True
+    rig.worker.step()  # kubelet.sock still the old one: the worker asks again
+    plugin.registrations[-1].answer(RegistrationError("UNAVAILABLE: connection refused"))
+    assert rig.worker.step() == BACKOFF_START
+    rig.kubelet = RESTARTED_KUBELET
+    rig.now += BACKOFF_START
+    assert rig.worker.step() == HANDOVER_SECONDS
+    assert len(plugin.registrations) == 2 and plugin.stopped
 
 
 def test_a_stream_the_kubelet_drops_means_registering_again_on_the_same_socket(rig, logged):
