@@ -6,7 +6,8 @@ The 64-device node's npu-vf4 worker is called through the kubelet simulator, 500
 times per size (50 quick) after a few warm-up calls, always with the same devices: every
 measured Allocate finds them in the group the previous one made, so it does the
 whole job (list the groups, destroy the stale one, create the new one). The scan
-interval is an hour so that no scan competes with the measurement.
+interval is an hour so that no scan competes with the measurement. The metrics endpoint
+is on, as by default, so every call also records its allocation and rbln-smi metrics.
 
 - round trip: the kubelet simulator's Allocate call, client to client.
 - rbln-smi calls: the stand-in records each invocation; those starting inside an
@@ -45,12 +46,12 @@ from typing import Any, NamedTuple
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from shared.rbln_smi import run_bounded  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.stack import StackProcess  # noqa: E402
+from bench import common
+from shared.rbln_smi import run_bounded
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.stack import StackProcess
 
 SIZES = (1, 4, 8)
 CALLS = 500
@@ -58,6 +59,8 @@ QUICK_CALLS = 50
 WARM_UP = 3
 CALIBRATE_EVERY = 5
 SCAN_INTERVAL = "1h"
+# On by default (51516); a free port here.
+METRICS_PORT = "0"
 COMPLETED = "Completed container allocation"
 OWN_P99_GOAL_MS = 5.0
 GOAL_SIZE = 8
@@ -130,7 +133,8 @@ def _measure_size(node: SimulatedNode, kubelet: KubeletSimulator, stack: StackPr
         source = "plugin smiMs"
     else:
         unrecorded_ms = statistics.median(window.ms - recorded.recorded_ms(window) for window in direct)
-        smi_ms = [recorded.recorded_ms(window) + count * unrecorded_ms for window, count in zip(allocations, counts)]
+        smi_ms = [recorded.recorded_ms(window) + count * unrecorded_ms
+                  for window, count in zip(allocations, counts, strict=True)]
         source = f"estimate: stand-in windows + {unrecorded_ms:.1f} ms/call start-up; own time needs smiMs"
     row.update(worker_cpu_ms_per_call=round(worker_cpu_ms, 2),
                smi_p50_ms=round(common.percentile(smi_ms, 0.5), 3),
@@ -165,7 +169,7 @@ def _rpc_floor(kubelet: KubeletSimulator, calls: int) -> dict:
 
 def measure(calls: int) -> list[dict]:
     with common.temporary_node(common.vf64_spec()) as node, \
-            common.running_stack(node, SCAN_INTERVAL) as (kubelet, stack):
+            common.running_stack(node, SCAN_INTERVAL, METRICS_PORT=METRICS_PORT) as (kubelet, stack):
         from_plugin = _plugin_times_smi(kubelet, stack)
         rows = [_measure_size(node, kubelet, stack, size, calls, from_plugin) for size in SIZES]
         return [*rows, _rpc_floor(kubelet, calls)]

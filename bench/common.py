@@ -15,6 +15,7 @@ import os
 import pathlib
 import platform
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -23,8 +24,8 @@ PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
+from rbln_device_plugin.simulate import expected_resources  # noqa: E402
 from shared.resources import Resource  # noqa: E402
-from simulator.demo import expected_resources  # noqa: E402
 from simulator.kubelet import KubeletSimulator  # noqa: E402
 from simulator.node import SimulatedNode, build_node  # noqa: E402
 from simulator.spec import NodeSpec  # noqa: E402
@@ -110,6 +111,13 @@ def running_stack(node: SimulatedNode, scan_interval: str, **env: str) -> Iterat
                                        for name, ids in expected.items()),
                          START_TIMEOUT, f"registration of {', '.join(sorted(expected))}")
         yield kubelet, stack
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a stack that must keep one port across restarts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 # /proc readers

@@ -19,12 +19,12 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from shared.durations import parse_duration  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.spec import NodeSpec  # noqa: E402
+from bench import common
+from shared.durations import parse_duration
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.spec import NodeSpec
 
 NPU = Resource.NPU.value
 DEVICE = "rbln0"

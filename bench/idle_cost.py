@@ -2,8 +2,8 @@
 
     python bench/idle_cost.py [--quick]
 
-The stack runs in its default configuration (health service on, tracing off, log
-level info, log files on) with the kubelet simulator connected (npu-vf4 registered,
+The stack runs in its default configuration (health service and metrics endpoint on,
+tracing off, log level info, log files on) with the kubelet simulator connected (npu-vf4 registered,
 its ListAndWatch stream open) and nothing else happening. After start-up has settled,
 /proc/<pid>/stat of supervisord and each of its programs is read at the start and at the
 end of the window (60 s; 15 s quick). CPU is utime+stime over the window as a
@@ -21,12 +21,14 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from simulator.smi_state import INVENTORY  # noqa: E402
+from bench import common
+from simulator.smi_state import INVENTORY
 
 SCAN_INTERVAL = "5s"
-# The health service is on by default (HEALTHCHECK_PORT 51515); port 0 runs it on a free port.
+# The health service and the metrics endpoint are on by default (ports 51515 and 51516); port 0 runs
+# each on a free port. Nothing scrapes during the window: a scrape's cost is scrape_cost.py's.
 HEALTH_PORT = "0"
+METRICS_PORT = "0"
 WINDOW_SECONDS = 60.0
 QUICK_WINDOW_SECONDS = 15.0
 # Start-up (imports, first scans, registration, the first ListAndWatch) is not idle: let it pass.
@@ -56,7 +58,8 @@ def _percent(ticks: int, seconds: float) -> float:
 
 def measure(window: float) -> list[dict]:
     with common.temporary_node(common.vf64_spec()) as node, \
-            common.running_stack(node, SCAN_INTERVAL, HEALTHCHECK_PORT=HEALTH_PORT) as (_kubelet, stack):
+            common.running_stack(node, SCAN_INTERVAL, HEALTHCHECK_PORT=HEALTH_PORT,
+                                 METRICS_PORT=METRICS_PORT) as (_kubelet, stack):
         time.sleep(SETTLE_SECONDS)
         pids = common.stack_processes(stack.pid)
         names = {pid: common.process_name(pid) for pid in pids}

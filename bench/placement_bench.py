@@ -46,9 +46,9 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from bench.placement_nodes import STRESS, irregular_node, pf_node, vf_node  # noqa: E402
-from resource_worker.placement import WORK_BUDGET, Candidate, candidate_from_record, place  # noqa: E402
+from bench import common
+from bench.placement_nodes import STRESS, irregular_node, pf_node, vf_node
+from resource_worker.placement import WORK_BUDGET, Candidate, candidate_from_record, place
 
 SPEC_P99_GOAL_MS = 5.0
 SPEC_MAX_GOAL_MS = 15.0

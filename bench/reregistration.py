@@ -27,12 +27,12 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from kubelet_watchdog.supervisor_control import Supervisor, connect  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.spec import NodeSpec  # noqa: E402
-from simulator.stack import StackProcess  # noqa: E402
+from bench import common
+from shared.resources import Resource
+from shared.supervisord.client import Supervisor, connect
+from simulator.kubelet import KubeletSimulator
+from simulator.spec import NodeSpec
+from simulator.stack import StackProcess
 
 NODE = "1,1:vf1,1:vf4"
 WORKERS = {resource.process_name: resource.value for resource in Resource}

@@ -25,10 +25,10 @@ import traceback
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
+from bench import common
 
 BENCHMARKS = ("placement_bench", "scan_cost", "allocate_latency", "health_propagation", "reregistration",
-              "idle_cost", "soak")
+              "idle_cost", "scrape_cost", "soak")
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "latest.json"
 _COLUMNS = (("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("max_ms", "max ms"))
 _NOT_FIGURES = {"benchmark", "goal", "met", *(key for key, _ in _COLUMNS)}
@@ -74,8 +74,9 @@ def table(outcomes: list[dict]) -> str:
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header) - 1)]
     rendered = []
     for line in [header, *lines]:
+        # Every column but the last (the figures) is padded: `widths` has one entry fewer than a line.
         cells = [cell.rjust(width) if 1 <= i <= 3 else cell.ljust(width)
-                 for i, (cell, width) in enumerate(zip(line, widths))]
+                 for i, (cell, width) in enumerate(zip(line, widths, strict=False))]
         rendered.append("  ".join([*cells, line[-1]]).rstrip())
     return "\n".join(rendered)
 

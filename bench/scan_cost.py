@@ -24,9 +24,9 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from scanner.discovery import scan  # noqa: E402
-from shared.rbln_smi import RblnSmi, SmiListing  # noqa: E402
+from bench import common
+from scanner.discovery import scan
+from shared.rbln_smi import RblnSmi, SmiListing
 
 SCANS = 200
 QUICK_SCANS = 20

@@ -26,7 +26,12 @@ What is reported, and what must hold:
   first third (single samples wander by a few percent). An instance with fewer than 45 s of samples
   after its warm-up is counted but not measured (workers are restarted on every kubelet restart).
   Growth must stay under 5 %;
-- stdout: every line a complete JSON object with the contract's first keys: 100 %.
+- stdout: every line a complete JSON object with the contract's first keys: 100 %;
+- metrics: /metrics (on, as by default) scraped every 2 s as Prometheus would. Every answer must show
+  each resource once in `registered` and no more devices than the node has (a killed worker must leave
+  no series behind), and the metrics directory must hold, after each scrape, no more value files than
+  the running processes write plus the archives (the files of killed ones folded away): 0 wrong
+  scrapes. Scrapes that find no watchdog listening (it was just killed) are counted apart.
 """
 
 from __future__ import annotations
@@ -43,23 +48,25 @@ import statistics
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
+import grpc
 
-from bench import common  # noqa: E402
-from shared.resources import Resource  # noqa: E402
-from simulator.demo import expected_resources  # noqa: E402
-from simulator.kubelet import KubeletSimulator  # noqa: E402
-from simulator.node import SimulatedNode  # noqa: E402
-from simulator.spec import NodeSpec  # noqa: E402
+from bench import common
+from rbln_device_plugin.simulate import expected_resources
+from shared.metrics import PATH, metrics_dir
+from shared.programs import PROGRAMS
+from shared.resources import Resource
+from simulator.kubelet import KubeletSimulator
+from simulator.node import SimulatedNode
+from simulator.spec import NodeSpec
 
 NODE = "4,1:vf1,1:vf4"
 FLAPPING = ("rbln1", "rbln4-0", "rbln5-2")
-KILLABLE = ("scanner", "worker-npu", "worker-npu-vf1", "worker-npu-vf4", "watchdog")
 SCAN_INTERVAL = "500ms"
 ALLOCATE_RATE = 10.0
 ALLOCATE_CLIENTS = 3
@@ -69,6 +76,10 @@ MEMORY_GOAL_PCT = 5.0
 MEMORY_MIN_SAMPLES = 9  # 45 s of samples after the warm-up: three windows of three
 FAULT = 4
 SEED = 20261130
+SCRAPE_SECONDS = 2.0
+# Value files: a counter and a histogram file per process writing them (scanner, three workers, watchdog),
+# one archive per kind, and the files of one killed process that is not reaped yet.
+MAX_METRICS_FILES = 2 * 5 + 2 + 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +90,7 @@ class Plan:
     warm_up: float
 
     @classmethod
-    def for_minutes(cls, minutes: float) -> "Plan":
+    def for_minutes(cls, minutes: float) -> Plan:
         seconds = minutes * 60
         if seconds >= 180:
             return cls(minutes, restart_every=120.0, kill_every=45.0, warm_up=30.0)
@@ -174,7 +185,7 @@ class MemoryLog:
         for pid in common.stack_processes(root_pid):
             with contextlib.suppress(OSError, KeyError, ValueError):
                 name = common.process_name(pid)
-                if name in ("supervisord", *KILLABLE):
+                if name in ("supervisord", *PROGRAMS):
                     self.samples.setdefault((name, pid), []).append((now, common.memory(pid).rss_kb))
 
     def growth(self, warm_up: float, min_samples: int) -> list[dict]:
@@ -259,7 +270,7 @@ class Chaos:
                 self._await(since, "kubelet restart")
                 next_restart = time.monotonic() + self.plan.restart_every
             if time.monotonic() >= next_kill:
-                program = self.rng.choice(KILLABLE)
+                program = self.rng.choice(PROGRAMS)
                 pid = _program_pid(self.supervisord, program)
                 # Only the killed worker registers again; the other programs' deaths must not unregister anything.
                 since = {name: count for name, count in _registrations(self.kubelet).items()
@@ -279,10 +290,43 @@ class Chaos:
             self.lost.append(f"after {after}: {exc}")
 
 
+class Scraper:
+    """Scrapes /metrics every SCRAPE_SECONDS and checks each answer against the node."""
+
+    def __init__(self, port: int, node: SimulatedNode):
+        self._url = f"http://127.0.0.1:{port}{PATH}"
+        self._node = node
+        self._devices = {name: len(ids) for name, ids in expected_resources(node).items()}
+        self.scrapes = self.unavailable = self.max_files = 0
+        self.wrong: list[str] = []
+
+    def run(self, deadline: float, stop: threading.Event) -> None:
+        while not stop.wait(SCRAPE_SECONDS) and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self._url, timeout=5) as answer:
+                    text = answer.read().decode()
+            except OSError:
+                self.unavailable += 1
+                continue
+            self.scrapes += 1
+            files = len(list(metrics_dir(self._node.run_dir).glob("*.db")))
+            self.max_files = max(self.max_files, files)
+            if files > MAX_METRICS_FILES:
+                self.wrong.append(f"{files} value files after a scrape")
+            for resource, count in self._devices.items():
+                registered = text.count(f'rbln_device_plugin_registered{{resource="{resource}"}}')
+                devices = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("rbln_device_plugin_devices{") and f'"{resource}"' in line)
+                if registered != 1 or devices > count:
+                    self.wrong.append(f"{resource}: {registered} registered series, {devices:g} devices of {count}")
+
+
 def soak(plan: Plan) -> list[dict]:
     rng = random.Random(SEED)
+    # A fixed port, as on a node: each watchdog that replaces a killed one listens on it again.
+    port = common.free_port()
     with common.temporary_node(NodeSpec.parse(NODE)) as node, \
-            common.running_stack(node, SCAN_INTERVAL) as (kubelet, stack):
+            common.running_stack(node, SCAN_INTERVAL, METRICS_PORT=str(port)) as (kubelet, stack):
         flapper = StatusFlapper(node, FLAPPING, random.Random(rng.random()))
         tally, memory = Tally(), MemoryLog()
         chaos = Chaos(stack.pid, kubelet, expected_resources(node), plan, random.Random(rng.random()))
@@ -291,6 +335,9 @@ def soak(plan: Plan) -> list[dict]:
         stop = threading.Event()
         chaos_thread = threading.Thread(target=chaos.run, args=(deadline, stop), name="soak-chaos")
         chaos_thread.start()
+        scraper = Scraper(port, node)
+        scraper_thread = threading.Thread(target=scraper.run, args=(deadline, stop), name="soak-scraper")
+        scraper_thread.start()
         clients = ThreadPoolExecutor(ALLOCATE_CLIENTS, thread_name_prefix="soak-client")
         pending: list = []
         next_flap = next_allocate = next_sample = started
@@ -315,6 +362,7 @@ def soak(plan: Plan) -> list[dict]:
         finally:
             stop.set()
             chaos_thread.join()
+            scraper_thread.join()
             clients.shutdown(wait=True)
         elapsed = time.monotonic() - started
         memory.sample(stack.pid)
@@ -345,14 +393,19 @@ def soak(plan: Plan) -> list[dict]:
         "stdout_lines": len(lines),
         "json_lines_pct": round(100.0 * well_formed / len(lines), 3) if lines else 0.0,
         "max_rss_growth_pct": max(growths) if growths else None,
-        "goal": "0 crashes, 0 lost registrations, 0 wrong allocations, 100% JSON lines, RSS growth < 5%",
+        "scrapes": scraper.scrapes,
+        "scrapes_unanswered": scraper.unavailable,
+        "wrong_scrapes": len(scraper.wrong),
+        "metrics_files_max": scraper.max_files,
+        "goal": "0 crashes, 0 lost registrations, 0 wrong allocations or scrapes, 100% JSON lines, RSS growth < 5%",
     }
     summary["met"] = (crashes == 0 and not chaos.lost and not tally.wrong and not tally.other_errors
-                      and summary["json_lines_pct"] == 100.0
+                      and not scraper.wrong and scraper.scrapes > 0 and summary["json_lines_pct"] == 100.0
                       and all(row["met"] is not False for row in memory_rows))
     details = [{"benchmark": "soak/errors", "other_errors": tally.other_errors[:5], "wrong": tally.wrong[:5],
-                "lost": chaos.lost[:5], "unexpected_exits": unexpected[:5], "tracebacks": len(tracebacks)}] if (
-        tally.other_errors or tally.wrong or chaos.lost or crashes) else []
+                "lost": chaos.lost[:5], "unexpected_exits": unexpected[:5], "tracebacks": len(tracebacks),
+                "wrong_scrapes": scraper.wrong[:5]}] if (
+        tally.other_errors or tally.wrong or chaos.lost or crashes or scraper.wrong) else []
     return [summary, *memory_rows, *details]
 
 

@@ -7,7 +7,8 @@ schema states (a mount naming a volume that does not exist, two mounts at one pa
 duplicate names, a selector that does not match the template's labels). This module
 makes those checks for the kinds this project ships (DaemonSet, Pod), plus the
 device plugin's own rules: a DaemonSet update never surges, NPUs are requested
-as whole numbers under `limits`.
+as whole numbers under `limits`, and a PodMonitor selects the pods of a DaemonSet
+of the same render by labels they have and a port name their container declares.
 
     python deploy/manifest_checks.py FILE.yaml...    # prints each problem; exit 1 if any
 """
@@ -95,12 +96,31 @@ def _daemonset_problems(where: str, daemonset: dict[str, Any]) -> Iterator[str]:
     strategy = spec.get("updateStrategy") or {}
     rolling = strategy.get("rollingUpdate") or {}
     if str(rolling.get("maxSurge", 0)) not in ("0", "0%"):
-        yield f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice on a node"
+        yield (f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice "
+               "on a node")
     yield from _pod_spec_problems(where, template.get("spec") or {})
+
+
+def _pod_monitor_problems(where: str, monitor: dict[str, Any], templates: list[dict[str, Any]]) -> Iterator[str]:
+    """A PodMonitor that selects no pod of the render, or names a port no selected container has, scrapes nothing."""
+    spec = monitor.get("spec") or {}
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    selected = [t for t in templates if selector and selector.items() <= ((t.get("metadata") or {}).get("labels")
+                                                                          or {}).items()]
+    if not selected:
+        yield f"{where}: spec.selector.matchLabels {selector} selects no pod template of this render"
+    ports = {port.get("name") for template in selected for container in (template.get("spec") or {}).get("containers")
+             or [] for port in container.get("ports") or []}
+    for endpoint in spec.get("podMetricsEndpoints") or []:
+        if endpoint.get("port") not in ports:
+            yield f"{where}: podMetricsEndpoints port {endpoint.get('port')!r} is no port of the selected containers"
 
 
 def problems(documents: Iterable[Any], source: str = "") -> list[str]:
     found: list[str] = []
+    documents = list(documents)
+    templates = [(doc.get("spec") or {}).get("template") or {} for doc in documents
+                 if isinstance(doc, dict) and doc.get("kind") == "DaemonSet"]
     for document in documents:
         if not isinstance(document, dict):
             continue
@@ -111,6 +131,8 @@ def problems(documents: Iterable[Any], source: str = "") -> list[str]:
             found.extend(_daemonset_problems(where, document))
         elif kind == "Pod":
             found.extend(_pod_spec_problems(where, document.get("spec") or {}))
+        elif kind == "PodMonitor":
+            found.extend(_pod_monitor_problems(where, document, templates))
     return found
 
 

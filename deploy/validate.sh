@@ -167,19 +167,19 @@ for file in "$CI_VALUES"/*.yaml; do VALUE_SETS+=("$file"); done
 
 values_args() { [ "$1" = default ] && return 0; printf -- '--values\n%s\n' "$1"; }
 
-for set_ in "${VALUE_SETS[@]}"; do
-  name=$(basename "$set_" .yaml)
-  mapfile -t args < <(values_args "$set_")
-  check "helm lint --strict [$name]" \
-    "$HELM" lint --strict --kube-version "$KUBE_VERSION" "$CHART" "${args[@]}"
+# render_and_validate NAME [helm template args...]: render into $WORK/rendered-NAME.yaml, then validate
+# the render against the schemas and the API server's further rules.
+render_and_validate() {
+  local name=$1
+  shift
   rendered="$WORK/rendered-$name.yaml"
   if "$HELM" template "$RELEASE" "$CHART" --namespace "$NAMESPACE" --kube-version "$KUBE_VERSION" \
-       "${args[@]}" >"$rendered" 2>"$LOG"; then
+       "$@" >"$rendered" 2>"$LOG"; then
     PASSED=$((PASSED + 1))
     echo "PASS  helm template [$name]: $(grep -c '^kind:' "$rendered") objects ($(grep '^kind:' "$rendered" | awk '{print $2}' | paste -sd, -))"
     check "kubernetes-validate --strict -k $SCHEMA_VERSION [$name]" \
       "$KUBERNETES_VALIDATE" --strict --quiet -k "$SCHEMA_VERSION" "$rendered"
-    check "API-server rules beyond the schema (mounts, names, selector, no surge) [$name]" \
+    check "API-server rules beyond the schema (mounts, names, selector, no surge, PodMonitor) [$name]" \
       "$PYTHON" deploy/manifest_checks.py "$rendered"
   else
     FAILED=$((FAILED + 1))
@@ -187,7 +187,19 @@ for set_ in "${VALUE_SETS[@]}"; do
     echo "FAIL  helm template [$name]"
     sed 's/^/      | /' "$LOG" | head -40
   fi
+}
+
+for set_ in "${VALUE_SETS[@]}"; do
+  name=$(basename "$set_" .yaml)
+  mapfile -t args < <(values_args "$set_")
+  check "helm lint --strict [$name]" \
+    "$HELM" lint --strict --kube-version "$KUBE_VERSION" "$CHART" "${args[@]}"
+  render_and_validate "$name" "${args[@]}"
 done
+
+# The PodMonitor renders only where the cluster serves the Prometheus Operator's API: render it as there.
+render_and_validate "metrics-with-operator" --api-versions monitoring.coreos.com/v1 --values "$CI_VALUES/metrics.yaml"
+check "[metrics-with-operator] holds a PodMonitor" grep -q '^kind: PodMonitor$' "$WORK/rendered-metrics-with-operator.yaml"
 
 check "helm package builds the chart archive" "$HELM" package "$CHART" --destination "$WORK/package"
 
@@ -217,6 +229,12 @@ must_fail "devicePlugin.cdiRoot=relative/dir (not absolute)" \
   "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.cdiRoot=relative/dir
 must_fail "partitionReadyGate.enabled=yes (not a boolean)" \
   "$HELM" template "$RELEASE" "$CHART" --set partitionReadyGate.enabled=yes
+must_fail "metricsPort=0 (a scraper needs a fixed port)" \
+  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.containers.plugin.metricsPort=0
+must_fail "metricsPort=70000 (above 65535)" \
+  "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.containers.plugin.metricsPort=70000
+must_fail "metrics.podMonitor.interval=30 (not a Prometheus duration)" \
+  "$HELM" template "$RELEASE" "$CHART" --set metrics.podMonitor.interval=30
 must_fail "misspelt key devicePlugin.containers.plugin.healtcheckPort" \
   "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.containers.plugin.healtcheckPort=1
 must_fail "top-level nodeSelector (the setting is devicePlugin.nodeSelector)" \

@@ -1,26 +1,32 @@
 """The watchdog process: restarts the workers when the kubelet restarts, ends a stack that cannot recover,
-and answers the pod's liveness and readiness probes."""
+answers the pod's liveness and readiness probes and serves the stack's metrics."""
 
 from __future__ import annotations
 
 import select
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
 from kubelet_watchdog.health_server import HealthServer
-from kubelet_watchdog.probes import SCANNER, WORKERS, Verdict, liveness, readiness
+from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
-from kubelet_watchdog.supervisor_control import Supervisor, SupervisorError, SupervisorStopping, connect
-from scanner.cdi import remove_stale_specs
-from shared import runtime_status
+from kubelet_watchdog.stack_metrics import StackView
+from shared import process_status
+from shared.cdi_specs import remove_stale_specs
 from shared.config import Settings
-from shared.process import ShutdownSignal, start_process
+from shared.metrics import Recorder, metrics_dir, recorder_for
+from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.programs import SCANNER, WATCHDOG, WORKERS
+from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
-PROCESS = "watchdog"
-# Program states and status files, for the probes (which the kubelet asks every 10 s) and to notice a
-# FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
+if TYPE_CHECKING:
+    from kubelet_watchdog.metrics_server import MetricsEndpoint
+
+# Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
+# notice a FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
 CHECK_INTERVAL = 2.0
 _UNREACHABLE = Verdict(False, "supervisord does not answer")
 
@@ -39,23 +45,25 @@ class HealthEndpoint:
     def set(self, live: bool, ready: bool) -> None:
         if self._port < 0:
             return
-        if self._server is None and not self._listen():
+        server = self._server if self._server is not None else self._listen()
+        if server is None:
             return
         if (live, ready) != self._published:
-            self._server.set(live, ready)
+            server.set(live, ready)
             self._published = (live, ready)
 
-    def _listen(self) -> bool:
+    def _listen(self) -> HealthServer | None:
+        """The server, listening, or None when the port cannot be bound now."""
         try:
             self._server = self._make_server(self._port)
         except RuntimeError as exc:  # grpc's "Failed to bind"
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
-            return False
+            return None
         self._server.start()
         logger.info("Health service listening", port=self._server.port)
-        return True
+        return self._server
 
     def stop(self) -> None:
         if self._server is not None:
@@ -63,17 +71,20 @@ class HealthEndpoint:
 
 
 class Watchdog:
-    def __init__(self, settings: Settings, supervisor: Supervisor, health: HealthEndpoint):
+    def __init__(self, settings: Settings, supervisor: Supervisor, health: HealthEndpoint,
+                 metrics: MetricsEndpoint, recorder: Recorder):
         self._settings = settings
         self._supervisor = supervisor
         self._health = health
+        self._metrics = metrics
+        self._recorder = recorder
         self._watcher = KubeletSocketWatcher(settings.kubelet_device_plugin_path)
         self._last_verdicts: tuple[Verdict, Verdict] | None = None
 
     def run(self, shutdown: ShutdownSignal) -> None:
         next_check = 0.0
         while not shutdown.is_set():
-            select.select([self._watcher, shutdown], [], [], max(0.0, next_check - time.monotonic()))
+            select.select([self._watcher.fileno(), shutdown.fileno()], [], [], max(0.0, next_check - time.monotonic()))
             if shutdown.is_set():
                 break
             if self._watcher.recreated():
@@ -86,6 +97,8 @@ class Watchdog:
     def _restart_workers(self) -> None:
         logger.info("Detected kubelet socket recreation; restarting device plugins",
                     path=str(self._settings.kubelet_socket))
+        self._recorder.kubelet_restart()
+        self._recorder.flush()
         # The device plugins start afresh, as at the stack's start, and so does the CDI root: leftover
         # transient specs go again. Here, not in the scanner, which a kubelet restart does not restart.
         remove_stale_specs(self._settings.cdi_root)
@@ -106,7 +119,8 @@ class Watchdog:
             # restarts the pod if supervisord stays unreachable past the probes' failure thresholds.
             if self._last_verdicts != (_UNREACHABLE, _UNREACHABLE):
                 logger.warning("Cannot read program states; reporting not live and not ready", err=str(exc))
-            self._report(_UNREACHABLE, _UNREACHABLE)
+            # Nor can any status file be trusted: the metrics show nothing registered and nothing ready.
+            self._report(_UNREACHABLE, _UNREACHABLE, StackView(None, {}, ready=False))
             return
         fatal = sorted(name for name, info in programs.items() if info.get("statename") == "FATAL")
         if fatal:
@@ -120,13 +134,17 @@ class Watchdog:
                 logger.error("Shutdown request failed", err=str(exc))
             return
         run_dir = self._settings.run_dir
-        scanner = runtime_status.read_status(run_dir, SCANNER)
-        workers = {name: runtime_status.read_status(run_dir, name) for name in WORKERS}
-        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval),
-                     readiness(programs, scanner, workers))
+        scanner = process_status.read_status(run_dir, SCANNER)
+        workers = {name: process_status.read_status(run_dir, name) for name in WORKERS}
+        ready = readiness(programs, scanner, workers)
+        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval), ready,
+                     StackView(current_status(scanner, programs, SCANNER),
+                               {name: current_status(status, programs, name) for name, status in workers.items()},
+                               ready.ok))
 
-    def _report(self, live: Verdict, ready: Verdict) -> None:
+    def _report(self, live: Verdict, ready: Verdict, view: StackView) -> None:
         self._health.set(live.ok, ready.ok)
+        self._metrics.update(view)
         if (live, ready) != self._last_verdicts:
             logger.debug("Probe state", live=live.ok, liveReason=live.reason, ready=ready.ok,
                          readyReason=ready.reason)
@@ -134,11 +152,18 @@ class Watchdog:
 
 
 def main() -> None:
-    settings = start_process(PROCESS)
+    settings = start_process(WATCHDOG)
     shutdown = ShutdownSignal().install()
+    recorder = recorder_for(settings.metrics_port, settings.run_dir)
+    recorder.load()
+    # Imported once recorder_for has told prometheus_client where the value files are.
+    from kubelet_watchdog.metrics_server import MetricsEndpoint
+
     health = HealthEndpoint(settings.healthcheck_port)
+    metrics = MetricsEndpoint(settings.metrics_port, metrics_dir(settings.run_dir))
     try:
-        Watchdog(settings, connect(settings.run_dir), health).run(shutdown)
+        Watchdog(settings, connect(settings.run_dir), health, metrics, recorder).run(shutdown)
     finally:
+        metrics.stop()
         health.stop()
     logger.info("Shutdown")

@@ -1,4 +1,5 @@
-"""Liveness and readiness of the stack, as plain functions of what supervisord and the status files say."""
+"""Liveness and readiness of the stack, as plain functions of what supervisord and the status files say
+(docs/kubelet.md#health-probes)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from shared.programs import PROGRAMS, SCANNER
 from shared.resources import Resource
 
-SCANNER = "scanner"
-WATCHDOG = "watchdog"
-WORKERS = tuple(resource.process_name for resource in Resource)
-PROGRAMS = (SCANNER, *WORKERS, WATCHDOG)
 # The scanner publishes every interval; three missed publications mean it is stuck.
 STALE_SCANS = 3
 
@@ -38,7 +36,8 @@ def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, An
             return Verdict(False, f"{name} is {state}")
     limit = STALE_SCANS * scan_interval
     info = programs[SCANNER]
-    if current_status(scanner, programs, SCANNER) is None:
+    scanner = current_status(scanner, programs, SCANNER)
+    if scanner is None:
         uptime = info.get("now", 0) - info.get("start", 0)
         if uptime > limit:
             return Verdict(False, f"scanner has published nothing in {uptime:.0f}s")

@@ -2,34 +2,23 @@
 
 A kubelet that restarts deletes kubelet.sock and creates it again, and the new
 socket often gets the inode number the old one just freed. So an inotify event
-naming kubelet.sock counts by itself; the identity check (device, inode and
-modification time, which a socket gets when it is bound and keeps) only covers
-events that were lost, such as a queue overflow or a directory that did not
+naming kubelet.sock counts by itself; the identity check (shared.plugin_socket)
+only covers events that were lost, such as a queue overflow or a directory that did not
 exist yet.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 from inotify_simple import INotify, flags
+
+from shared.plugin_socket import socket_identity
 
 KUBELET_SOCKET = "kubelet.sock"
 _WATCHED = flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF
 _WATCH_GONE = flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF
 _CREATED = flags.CREATE | flags.MOVED_TO
-
-Identity = tuple[int, int, int]
-
-
-def socket_identity(path: pathlib.Path) -> Identity | None:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
-
 
 class KubeletSocketWatcher:
     """Selectable (fileno) watcher; `recreated()` consumes what happened since the last call."""

@@ -1,7 +1,7 @@
-"""Regenerate the committed Python stubs of the kubelet device plugin API.
+"""Regenerate the committed Python stubs of the kubelet APIs the project speaks.
 
-    python protos/generate.py            # rewrite shared/deviceplugin/v1beta1/
-    python protos/generate.py --out DIR  # write to DIR instead (the drift test does this)
+    python protos/generate.py            # rewrite shared/deviceplugin/v1beta1/ and shared/podresources/v1/
+    python protos/generate.py --out DIR  # write to DIR/<api>/<version>/ instead (the drift test does this)
 
 The stubs are committed so that `pip install .` needs no code generator; the
 test `tests/unit/test_proto_stubs.py` regenerates them and fails on any drift.
@@ -14,39 +14,46 @@ import pathlib
 import sys
 
 PROTO_ROOT = pathlib.Path(__file__).resolve().parent
-PROTO_FILE = "deviceplugin/v1beta1/api.proto"
-DEFAULT_OUT = PROTO_ROOT.parent / "shared" / "deviceplugin" / "v1beta1"
-# protoc names the module by the proto's path; the stubs live in the package
-# shared.deviceplugin.v1beta1, so the gRPC module's import is rewritten to match.
-GENERATED_IMPORT = "from deviceplugin.v1beta1 import api_pb2"
-PACKAGE_IMPORT = "from shared.deviceplugin.v1beta1 import api_pb2"
+# Each API as <api>/<version>/api.proto: the device plugin API the workers serve, and the PodResources API
+# `status` asks which pod holds which device.
+APIS = ("deviceplugin/v1beta1", "podresources/v1")
+DEFAULT_OUT = PROTO_ROOT.parent / "shared"
 
 
-def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
+def _package_import(api: str) -> tuple[str, str]:
+    """protoc names a module by its proto's path; the stubs live in the package shared.<api>.<version>, so
+    the gRPC module's import is rewritten to match."""
+    module = api.replace("/", ".")
+    return f"from {module} import api_pb2", f"from shared.{module} import api_pb2"
+
+
+def generate(out_root: pathlib.Path) -> list[pathlib.Path]:
     import tempfile
 
     from grpc_tools import protoc
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as raw:
-        status = protoc.main(
-            [
-                "grpc_tools.protoc",
-                f"-I{PROTO_ROOT}",
-                f"--python_out={raw}",
-                f"--pyi_out={raw}",
-                f"--grpc_python_out={raw}",
-                str(PROTO_ROOT / PROTO_FILE),
-            ]
-        )
-        if status != 0:
-            raise SystemExit(f"protoc failed with status {status}")
-        written = []
-        for produced in sorted((pathlib.Path(raw) / "deviceplugin" / "v1beta1").iterdir()):
-            text = produced.read_text().replace(GENERATED_IMPORT, PACKAGE_IMPORT)
-            target = out_dir / produced.name
-            target.write_text(text)
-            written.append(target)
+    written = []
+    for api in APIS:
+        out_dir = out_root / api
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as raw:
+            status = protoc.main(
+                [
+                    "grpc_tools.protoc",
+                    f"-I{PROTO_ROOT}",
+                    f"--python_out={raw}",
+                    f"--pyi_out={raw}",
+                    f"--grpc_python_out={raw}",
+                    str(PROTO_ROOT / api / "api.proto"),
+                ]
+            )
+            if status != 0:
+                raise SystemExit(f"protoc failed on {api} with status {status}")
+            generated_import, package_import = _package_import(api)
+            for produced in sorted((pathlib.Path(raw) / api).iterdir()):
+                target = out_dir / produced.name
+                target.write_text(produced.read_text().replace(generated_import, package_import))
+                written.append(target)
     return written
 
 

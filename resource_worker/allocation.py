@@ -1,7 +1,7 @@
 """Allocate: validate the request, check health once, make an RSD group per container, describe the devices.
 
 Kept apart from gRPC: it takes device ID lists and returns plain results, or
-raises AllocationError carrying the gRPC status the kubelet should see.
+raises AllocationError carrying the gRPC status the kubelet should see (docs/kubelet.md#allocate).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 
 from resource_worker.device_table import Advertised, DeviceTable
-from resource_worker.health import Health
 from resource_worker.rsd_group import GroupChange, RsdGroupError, RsdGroups
+from shared.device_health import Health
+from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
-from shared.status import StatusReading
 
 CDI_ANNOTATION_KEY = "cdi.k8s.io/rebellions.ai_npu"
 CDI_ANNOTATION_VALUE = "rebellions.ai/npu=runtime"
@@ -140,7 +140,8 @@ class Allocator:
             detail = _names([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
             raise AllocationError(ErrorKind.UNHEALTHY_DEVICE, f"cannot allocate unhealthy devices: {detail}",
                                   unhealthy)
-        return [[known[device_id] for device_id in ids] for ids in wanted]
+        found = {device_id: device for device_id, device in known.items() if device is not None}
+        return [[found[device_id] for device_id in ids] for ids in wanted]
 
     def allocate_container(self, devices: Sequence[Advertised]) -> ContainerAllocation:
         records = tuple(sorted((d.record for d in devices), key=lambda r: r.device_id))

@@ -9,17 +9,18 @@ One condition variable guards all of it and wakes streams on change.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 from loguru import logger
 
-from resource_worker.health import DeviceHealth, Health, HealthHistory
+from shared.device_health import DeviceHealth, Health, HealthHistory
+from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
 from shared.ipc import InventoryMessage
 from shared.resources import Resource
-from shared.status import StatusReading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +177,7 @@ def _state_changes(before: DeviceHealth, after: DeviceHealth) -> list[tuple[_Sta
     if after.health is not before.health:
         states.append((after.health, after.decided_by))
     states.append((after.health, after.status))
-    return [(old, new) for old, new in zip(states, states[1:]) if old != new]
+    return [(old, new) for old, new in itertools.pairwise(states) if old != new]
 
 
 def _advertised_view(devices: dict[str, Advertised]) -> dict[str, tuple[Health, int | None]]:

@@ -19,12 +19,13 @@ from loguru import logger
 
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
-from shared.plugin_socket import new_socket_name
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker
 from resource_worker.tracing import AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2_grpc
+from shared.metrics import Recorder
+from shared.plugin_socket import new_socket_name
 
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
 SERVER_THREADS = 16
@@ -33,7 +34,7 @@ STOP_GRACE = 1.0
 
 class PluginServer:
     def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
-                 on_stream_change: Callable[[], None], tracer: AllocationTracer):
+                 on_stream_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder):
         self._table = table
         self.streams = StreamTracker(on_stream_change)
         self._stopping = threading.Event()
@@ -42,7 +43,7 @@ class PluginServer:
         self._handlers = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc-device-plugin")
         self._server = grpc.server(self._handlers)
         api_pb2_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(table, allocator, self.streams, self._stopping, tracer), self._server)
+            DevicePluginServicer(table, allocator, self.streams, self._stopping, tracer, metrics), self._server)
 
     def serve(self) -> None:
         old_umask = os.umask(0o077)  # the socket file is created owner-only

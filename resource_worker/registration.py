@@ -7,15 +7,12 @@ from collections.abc import Callable
 
 import grpc
 
+from resource_worker.lifecycle import RegistrationError
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 API_VERSION = "v1beta1"
 # The kubelet dials back within Register with a 10 s timeout; leave it room.
 REGISTER_TIMEOUT = 15.0
-
-
-class RegistrationError(RuntimeError):
-    pass
 
 
 class Registration:

@@ -1,4 +1,4 @@
-"""RSD groups: each allocation gets a fresh group holding exactly its devices.
+"""RSD groups: each allocation gets a fresh group holding exactly its devices (docs/node.md#rsd-groups-and-their-lock).
 
 Group changes are serialised across every process on the node by an flock on
 the RSD lock file. While the lock is held the first listing is authoritative,
@@ -59,7 +59,8 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise RsdGroupError(f"RSD lock {lock_file} still held by another process after {timeout:g}s")
+                    held = f"RSD lock {lock_file} still held by another process after {timeout:g}s"
+                    raise RsdGroupError(held) from None
                 time.sleep(pause)
                 pause = min(pause * 2, _LOCK_POLL_MAX)
         yield fd

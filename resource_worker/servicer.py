@@ -1,4 +1,4 @@
-"""The kubelet-facing DevicePlugin service of one resource.
+"""The kubelet-facing DevicePlugin service of one resource (what the kubelet gets: docs/kubelet.md).
 
 Every handler answers whatever it is sent: a bad request gets a gRPC error
 (Allocate) or an empty answer (GetPreferredAllocation), never a dead worker.
@@ -15,12 +15,19 @@ from loguru import logger
 
 from resource_worker.allocation import AllocationError, Allocator, ContainerAllocation, ErrorKind
 from resource_worker.device_table import Advertised, DeviceTable
-from resource_worker.placement import (WORK_BUDGET, Candidate, Placement, PlacementRequestError, candidate_from_record,
-                                       place)
-from shared.inventory import DeviceRecord
+from resource_worker.placement import (
+    WORK_BUDGET,
+    Candidate,
+    Placement,
+    PlacementRequestError,
+    candidate_from_record,
+    place,
+)
 from resource_worker.streams import StreamTracker
 from resource_worker.tracing import AllocateTrace, AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.inventory import DeviceRecord
+from shared.metrics import Recorder, Result
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _STATUS_CODES = {
@@ -71,7 +78,7 @@ class _PlacementView:
 
     def made_from(self, records: list[DeviceRecord]) -> bool:
         # The very same record objects: holding them keeps their identities from being reused.
-        return len(records) == len(self.records) and all(a is b for a, b in zip(records, self.records))
+        return len(records) == len(self.records) and all(a is b for a, b in zip(records, self.records, strict=True))
 
 
 def _logged(ids: Sequence[str]) -> list[str]:
@@ -81,9 +88,10 @@ def _logged(ids: Sequence[str]) -> list[str]:
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, table: DeviceTable, allocator: Allocator, streams: StreamTracker,
-                 stopping: threading.Event, tracer: AllocationTracer):
+                 stopping: threading.Event, tracer: AllocationTracer, metrics: Recorder):
         self._table = table
         self._tracer = tracer
+        self._metrics = metrics
         self._allocator = allocator
         self._streams = streams
         self._stopping = stopping
@@ -132,9 +140,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 self._placement_view = _PlacementView(records)
             return self._placement_view.candidates
 
+    def _flush_metrics_when_answered(self, context) -> None:
+        """The call's metrics (and the rbln-smi calls it made) are written once the answer has gone out."""
+        if not context.add_callback(self._metrics.flush):
+            self._metrics.flush()  # the call has ended already
+
     def GetPreferredAllocation(self, request, context):
+        started = time.monotonic()
+        self._flush_metrics_when_answered(context)
         response = api_pb2.PreferredAllocationResponse()
         candidates = self._candidates()
+        fallbacks = 0
         for container in request.container_requests:
             chosen: list[str] = []
             try:
@@ -143,10 +159,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 chosen = placement.devices
                 self._log_placement(placement, container.allocation_size)
             except PlacementRequestError as exc:
+                fallbacks += 1
                 self._fallback(container, str(exc))
             except Exception as exc:  # never an error to the kubelet: it would fail pod admission
+                fallbacks += 1
                 self._fallback(container, f"internal error: {type(exc).__name__}: {exc}")
             response.container_responses.add(deviceIDs=chosen)
+        self._metrics.preferred_allocation(self._resource, time.monotonic() - started, fallbacks)
         return response
 
     def _log_placement(self, placement: Placement, size: int) -> None:
@@ -167,8 +186,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def Allocate(self, request, context):
         started = time.monotonic()
+        self._flush_metrics_when_answered(context)
         requested = [list(c.devices_ids) for c in request.container_requests]
         all_ids = _logged([i for ids in requested for i in ids])
+        ready_after: list[float] = []  # for each container done so far, seconds since the call started
         try:
             with self._tracer.allocate(self._resource) as trace:
                 try:
@@ -178,17 +199,30 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     raise
                 # Containers naming the same devices share their group: a second change would destroy it.
                 made: dict[frozenset[str], ContainerAllocation] = {}
-                responses = [self._allocate_container(trace, devices, made) for devices in containers]
+                responses = []
+                for devices in containers:
+                    responses.append(self._allocate_container(trace, devices, made))
+                    ready_after.append(time.monotonic() - started)
         except AllocationError as exc:
+            self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
             logger.error("Container allocation failed", resourceName=self._resource,
                          deviceIDs=exc.device_ids[:_LOGGED_IDS] or all_ids, err=str(exc), durationMs=_ms(started))
             context.abort(_STATUS_CODES[exc.kind], str(exc))
         except Exception as exc:
+            self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
             logger.opt(exception=True).error("Container allocation failed", resourceName=self._resource,
                                              deviceIDs=all_ids, err=f"{type(exc).__name__}: {exc}",
                                              durationMs=_ms(started))
             context.abort(grpc.StatusCode.INTERNAL, f"internal error allocating {', '.join(all_ids)}: {exc}")
+        self._count_allocations(Result.SUCCESS, started, ready_after, len(requested))
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    def _count_allocations(self, result: Result, started: float, ready_after: list[float], containers: int) -> None:
+        """Each container request counts once: the ones not done when the call failed at the time it failed (a
+        call naming no container counts as one failed container, so that no failure goes unseen)."""
+        ended = time.monotonic() - started
+        self._metrics.allocations(self._resource, result,
+                                  ready_after + [ended] * (max(containers, 1) - len(ready_after)))
 
     def _allocate_container(self, trace: AllocateTrace, devices: Sequence[Advertised],
                             made: dict[frozenset[str], ContainerAllocation]) -> api_pb2.ContainerAllocateResponse:

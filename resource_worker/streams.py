@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-
 # Each open stream holds one of the server's handler threads for its whole life. The kubelet keeps
 # one (two for a moment while it replaces it); the bound keeps a client that opens streams without
 # end from taking every thread and starving Allocate.

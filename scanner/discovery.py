@@ -7,13 +7,13 @@ import pathlib
 import time
 from collections.abc import Callable
 
+from shared.device_status import read_status
 from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.ipc import MAX_DEVICES
 from shared.pci_path import PciPaths
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
 from shared.resources import Resource
 from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov
-from shared.status import read_status
 
 Clock = Callable[[], int]
 

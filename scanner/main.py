@@ -8,17 +8,17 @@ import uuid
 import zmq
 from loguru import logger
 
-from scanner.cdi import remove_stale_specs
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.publisher import InventoryPublisher
-from shared import ipc, runtime_status
+from shared import ipc, process_status
+from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, Settings
-from shared.process import ShutdownSignal, start_process
-from shared.rbln_smi import RblnSmi
+from shared.metrics import Recorder, recorder_for
+from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.programs import SCANNER
+from shared.rbln_smi import RblnSmi, SmiCommand
 from shared.resources import Resource
 from shared.safe_open import ensure_private_dir
-
-PROCESS = "scanner"
 
 
 class ScanReporter:
@@ -56,11 +56,11 @@ def warn_if_legacy_names_asked_for(settings: Settings) -> None:
                        useGenericResourceName=False, resourceNames=[resource.value for resource in Resource])
 
 
-def run(settings: Settings, shutdown: ShutdownSignal) -> None:
+def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None:
     warn_if_legacy_names_asked_for(settings)
     ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
     remove_stale_specs(settings.cdi_root)
-    smi = RblnSmi(settings.rbln_smi)
+    smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
     epoch = uuid.uuid4().hex
     sequence = {resource: 0 for resource in Resource}
     reporter = ScanReporter()
@@ -71,13 +71,15 @@ def run(settings: Settings, shutdown: ShutdownSignal) -> None:
         while not shutdown.is_set():
             started = time.monotonic()
             result = scan(smi, settings.sysfs_root)
+            metrics.scan(time.monotonic() - started)
             scanned_at = time.monotonic_ns()
             for resource, devices in result.inventories.items():
                 sequence[resource] += 1
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error))
             reporter.report(result, time.monotonic() - started)
-            runtime_status.write_status(settings.run_dir, PROCESS, {
+            metrics.flush()
+            process_status.write_status(settings.run_dir, SCANNER, {
                 "resources": {r.value: len(d) for r, d in result.inventories.items()},
                 "discoveryError": result.error,
                 "scanMs": round((time.monotonic() - started) * 1000, 3),
@@ -86,11 +88,13 @@ def run(settings: Settings, shutdown: ShutdownSignal) -> None:
     finally:
         publisher.stop()
         context.term()
-        runtime_status.remove_status(settings.run_dir, PROCESS)
+        process_status.remove_status(settings.run_dir, SCANNER)
 
 
 def main() -> None:
-    settings = start_process(PROCESS)
+    settings = start_process(SCANNER)
     shutdown = ShutdownSignal().install()
-    run(settings, shutdown)
+    metrics = recorder_for(settings.metrics_port, settings.run_dir)
+    metrics.load(smi_commands=[SmiCommand.LIST.value])
+    run(settings, shutdown, metrics)
     logger.info("Shutdown")

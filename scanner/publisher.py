@@ -94,7 +94,7 @@ class InventoryPublisher:
                 topic, payload = frames
                 latest[topic] = payload
                 pub.socket.send_multipart([topic, payload])
-                for identity, wanted in [w for w in waiting if w[1] == topic]:
+                for identity, _topic in [w for w in waiting if w[1] == topic]:
                     router.socket.send_multipart([identity, ipc.SNAPSHOT_REPLY, payload])
                 waiting = [w for w in waiting if w[1] != topic]
             if router.socket in events:

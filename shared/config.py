@@ -1,4 +1,4 @@
-"""Configuration shared by every process of the stack (CONTRACT §2).
+"""Configuration shared by every process of the stack (docs/configuration.md).
 
 Every setting has a flag on `rbln-device-plugin run`, an environment variable
 and a default. `run` turns its flags into environment variables, and every
@@ -120,6 +120,8 @@ OPTIONS: tuple[Option, ...] = (
            "/var/lib/kubelet/device-plugins", _path, "kubelet device plugin socket directory"),
     Option("healthcheck_port", "--healthcheck-port", "HEALTHCHECK_PORT", "51515", _port,
            "gRPC health service port; negative disables it"),
+    Option("metrics_port", "--metrics-port", "METRICS_PORT", "51516", _port,
+           "Prometheus /metrics (HTTP) port for the whole stack; negative disables it"),
     Option("device_scan_interval", "--device-scan-interval", "DEVICE_SCAN_INTERVAL", "5s", _interval,
            "how often devices and their health are rescanned (Go duration: 500ms, 5s, 1m)"),
     Option("otlp_endpoint", "--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT", "", _endpoint,
@@ -127,6 +129,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("use_generic_resource_name", "--use-generic-resource-name", "USE_GENERIC_RESOURCE_NAME", "true",
            _env_bool, "accepted for the original plugin's command line; the resource names are always the "
            "generic ones, and false only logs a warning", boolean=True),
+    Option("kubelet_pod_resources_socket", "--kubelet-pod-resources-socket", "KUBELET_POD_RESOURCES_SOCKET",
+           "/var/lib/kubelet/pod-resources/kubelet.sock", _path,
+           "kubelet PodResources API socket, asked by `status` which pod holds which device"),
     Option("sysfs_root", "--sysfs-root", "SYSFS_ROOT", "/sys", _path, "root of the sysfs tree"),
     Option("dev_root", "--dev-root", "DEV_ROOT", "/dev", _path, "where device nodes are looked up"),
     Option("rbln_smi", "--rbln-smi", "RBLN_SMI", "", _optional_path,
@@ -146,9 +151,11 @@ class Settings:
     cdi_root: pathlib.Path
     kubelet_device_plugin_path: pathlib.Path
     healthcheck_port: int
+    metrics_port: int
     device_scan_interval: float
     otlp_endpoint: str
     use_generic_resource_name: bool
+    kubelet_pod_resources_socket: pathlib.Path
     sysfs_root: pathlib.Path
     dev_root: pathlib.Path
     rbln_smi: pathlib.Path | None
@@ -158,7 +165,7 @@ class Settings:
     node_name: str
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for option in OPTIONS:
@@ -184,9 +191,11 @@ class Settings:
             "cdiRoot": str(self.cdi_root),
             "kubeletDevicePluginPath": str(self.kubelet_device_plugin_path),
             "healthcheckPort": self.healthcheck_port,
+            "metricsPort": self.metrics_port,
             "deviceScanInterval": format_duration(self.device_scan_interval),
             "otlpEndpoint": self.otlp_endpoint,
             "useGenericResourceName": self.use_generic_resource_name,
+            "kubeletPodResourcesSocket": str(self.kubelet_pod_resources_socket),
             "sysfsRoot": str(self.sysfs_root),
             "devRoot": str(self.dev_root),
             "rblnSmi": str(self.rbln_smi) if self.rbln_smi else "",

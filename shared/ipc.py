@@ -22,9 +22,9 @@ from typing import Any
 
 import msgpack
 
+from shared.device_status import StatusReading
 from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.resources import Resource
-from shared.status import StatusReading
 
 SCHEMA_VERSION = 1
 SNAPSHOT_REQUEST = b"ICANHAZ?"

@@ -1,4 +1,4 @@
-"""The one structured log stream of the stack (CONTRACT §5), and each process's own log file.
+"""The one structured log stream of the stack, and each process's own log file (docs/logs.md).
 
 Each process writes one record per line to stdout: JSON by default (`ts`,
 `level`, `msg`, `process`, then the event's keys) or a text rendering for
@@ -30,11 +30,14 @@ import pathlib
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
 from shared import safe_open
+
+if TYPE_CHECKING:
+    from loguru import Record
 
 LEVEL_ENV = "RBLN_DEVICE_PLUGIN_LOG_LEVEL"
 FORMAT_ENV = "RBLN_DEVICE_PLUGIN_LOG_FORMAT"
@@ -268,7 +271,7 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
     with_caller = level == "debug"
     as_text = log_format == "text"
 
-    def patch(record: dict[str, Any]) -> None:
+    def patch(record: Record) -> None:
         fields = _fields(record, with_caller)
         record["extra"]["_json"] = _shrink(dict(fields), json_line)
         record["extra"]["_line"] = _shrink(fields, text_line) if as_text else record["extra"]["_json"]
@@ -276,7 +279,8 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
     logger.remove()
     logger.configure(extra={"process": process}, patcher=patch)
     # A format function returns a template; the rendered line is inserted verbatim.
-    options = {"level": _LOGURU_LEVELS[level], "colorize": False, "backtrace": False, "diagnose": False}
+    options: dict[str, Any] = {"level": _LOGURU_LEVELS[level], "colorize": False, "backtrace": False,
+                               "diagnose": False}
     logger.add(stream, format=lambda _record: "{extra[_line]}\n", **options)
 
     log_dir = environ.get(DIR_ENV, DEFAULT_DIR)

@@ -1,4 +1,5 @@
-"""Names of a worker's plugin sockets in the kubelet's device-plugin directory.
+"""The sockets of the kubelet's device-plugin directory: names of a worker's plugin sockets, and which
+kubelet.sock is there.
 
 Kept apart from the gRPC server: a worker clears its predecessors' sockets at
 start-up, before it knows whether its resource has devices (and so whether it
@@ -7,6 +8,7 @@ needs gRPC at all), and the configuration checks that the longest name fits.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import secrets
@@ -15,6 +17,19 @@ from shared.resources import Resource
 
 SOCKET_PREFIX = "rbln-device-plugin-"
 _TAG_BYTES = 4
+
+SocketIdentity = tuple[int, int, int]
+"""Device, inode and modification time of a socket file: a socket gets its time when it is bound and keeps it,
+so a kubelet that restarts makes a kubelet.sock of another identity even when the inode number is reused."""
+
+
+def socket_identity(path: pathlib.Path) -> SocketIdentity | None:
+    """The identity of the socket at `path`; None when there is none."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
 
 
 def socket_pattern(resource: Resource) -> re.Pattern[str]:
@@ -39,7 +54,7 @@ def _socket_name(resource: Resource, tag: str) -> str:
 def remove_stale_sockets(plugin_dir: pathlib.Path, resource: Resource) -> list[str]:
     """Remove sockets an earlier worker of `resource` left behind (it was killed); their names."""
     pattern = socket_pattern(resource)
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(plugin_dir.iterdir())
     except OSError:

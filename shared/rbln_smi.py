@@ -1,4 +1,4 @@
-"""Calls to the `rbln-smi` tool and parsing of its JSON (CONTRACT §3).
+"""Calls to the `rbln-smi` tool and parsing of its JSON (docs/node.md#rbln-smi).
 
 Every call is bounded in time and in output size: a hung or babbling tool
 turns into an `RblnSmiError`, never into a stuck or bloated process. The tool
@@ -8,6 +8,7 @@ runs with a minimal environment of its own (tool_environment).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import pathlib
@@ -16,7 +17,7 @@ import selectors
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 SEARCH_PATHS = (
@@ -41,6 +42,26 @@ _DEFAULTS = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 class RblnSmiError(RuntimeError):
     """rbln-smi could not be run or gave an answer that cannot be used."""
+
+
+class SmiCommand(enum.Enum):
+    """The four uses of the tool, as metrics name them."""
+
+    LIST = "list"
+    GROUP_LIST = "group-list"
+    GROUP_DESTROY = "group-destroy"
+    GROUP_CREATE = "group-create"
+
+
+# The commands of an RSD group change, which the workers make (the scanner only lists).
+GROUP_COMMANDS = (SmiCommand.GROUP_LIST, SmiCommand.GROUP_DESTROY, SmiCommand.GROUP_CREATE)
+
+# Told of every call: which command, its time (spawn to exit) and whether it ran and exited 0.
+SmiObserver = Callable[[str, float, bool], None]
+
+
+def _unobserved(_command: str, _seconds: float, _ok: bool) -> None:
+    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,11 +145,13 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
                                 start_new_session=True, env=env)
     except OSError as exc:
         raise RblnSmiError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    output = proc.stdout
+    assert output is not None, "stdout is a pipe"
     chunks: list[bytes] = []
     size = 0
     deadline = started + timeout
     with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
+        selector.register(output, selectors.EVENT_READ)
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -136,7 +159,7 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
                     raise RblnSmiError(f"{' '.join(argv)} timed out after {timeout:g}s")
                 if not selector.select(remaining):
                     continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
+                chunk = os.read(output.fileno(), 65536)
                 if not chunk:
                     break
                 size += len(chunk)
@@ -149,7 +172,7 @@ def run_bounded(argv: Sequence[str], timeout: float, pass_fds: Sequence[int] = (
         finally:
             if proc.poll() is None:
                 _kill_group(proc)
-            proc.stdout.close()
+            output.close()
     return CallResult(returncode, b"".join(chunks), time.monotonic() - started)
 
 
@@ -190,8 +213,8 @@ def _parse_device(entry: Any) -> SmiDevice:
         raise ValueError("missing 'device' name")
     named = device[:_MAX_NAME_IN_ERROR]  # a reason is logged: a hostile name must not make it huge
     npu = entry.get("npu")
-    if isinstance(npu, bool) or not (isinstance(npu, int) and npu >= 0
-                                     or isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu)):
+    if isinstance(npu, bool) or not ((isinstance(npu, int) and npu >= 0)
+                                     or (isinstance(npu, str) and _NPU_TOKEN.fullmatch(npu))):
         raise ValueError(f"{named}: 'npu' must be a non-negative integer or a plain token")
     pci = entry.get("pci") or {}
     if not isinstance(pci, dict):
@@ -233,29 +256,38 @@ class RblnSmi:
     so a tool that appears (or disappears) after start-up is picked up."""
 
     def __init__(self, configured: pathlib.Path | None, runner: Runner = run_bounded,
-                 list_timeout: float = LIST_TIMEOUT, change_timeout: float = GROUP_CHANGE_TIMEOUT):
+                 list_timeout: float = LIST_TIMEOUT, change_timeout: float = GROUP_CHANGE_TIMEOUT,
+                 observe: SmiObserver = _unobserved):
         self._configured = configured
         self._runner = runner
         self._list_timeout = list_timeout
         self._change_timeout = change_timeout
+        self._observe = observe
 
     def counted(self, usage: SmiUsage) -> RblnSmi:
         """The same tool, its calls added to `usage` (one per piece of work: usage is not locked)."""
-        return RblnSmi(self._configured, usage.timing(self._runner), self._list_timeout, self._change_timeout)
+        return RblnSmi(self._configured, usage.timing(self._runner), self._list_timeout, self._change_timeout,
+                       self._observe)
 
-    def _call(self, args: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> bytes:
-        binary = locate(self._configured)
-        result = self._runner([str(binary), *args], timeout, pass_fds)
-        if result.returncode != 0:
+    def _call(self, command: SmiCommand, args: Sequence[str], timeout: float, pass_fds: Sequence[int] = ()) -> bytes:
+        started = time.monotonic()
+        ok = False
+        try:
+            binary = locate(self._configured)
+            result = self._runner([str(binary), *args], timeout, pass_fds)
+            ok = result.returncode == 0
+        finally:
+            self._observe(command.value, time.monotonic() - started, ok)
+        if not ok:
             raise RblnSmiError(f"rbln-smi {' '.join(args)} exited with status {result.returncode}: "
                                f"{_excerpt(result.output)}")
         return result.output
 
     def inventory(self) -> SmiListing:
-        return parse_listing(self._call(["-j"], self._list_timeout))
+        return parse_listing(self._call(SmiCommand.LIST, ["-j"], self._list_timeout))
 
     def groups(self) -> SmiListing:
-        return parse_listing(self._call(["-g", "-j"], self._list_timeout))
+        return parse_listing(self._call(SmiCommand.GROUP_LIST, ["-g", "-j"], self._list_timeout))
 
     # A group change inherits `lock_fd`, the caller's descriptor of the RSD flock: if the
     # caller dies mid-change (the tool runs in a session of its own and outlives it), the
@@ -263,10 +295,11 @@ class RblnSmi:
     # change that overlaps the orphaned one.
 
     def destroy_groups(self, group_ids: Sequence[int], lock_fd: int | None = None) -> None:
-        self._change(["group", "-d", ",".join(str(g) for g in group_ids)], lock_fd)
+        self._change(SmiCommand.GROUP_DESTROY, ["group", "-d", ",".join(str(g) for g in group_ids)], lock_fd)
 
     def create_group(self, group_id: int, npus: Sequence[int | str], lock_fd: int | None = None) -> None:
-        self._change(["group", "-c", str(group_id), "-a", ",".join(str(n) for n in npus)], lock_fd)
+        self._change(SmiCommand.GROUP_CREATE, ["group", "-c", str(group_id), "-a", ",".join(str(n) for n in npus)],
+                     lock_fd)
 
-    def _change(self, args: Sequence[str], lock_fd: int | None) -> None:
-        self._call(args, self._change_timeout, () if lock_fd is None else (lock_fd,))
+    def _change(self, command: SmiCommand, args: Sequence[str], lock_fd: int | None) -> None:
+        self._call(command, args, self._change_timeout, () if lock_fd is None else (lock_fd,))

@@ -27,12 +27,12 @@ class Resource(enum.Enum):
         return re.sub(r"[/._]", "-", self.value.lower())
 
     @classmethod
-    def for_vf_count(cls, num_vfs: int) -> "Resource | None":
+    def for_vf_count(cls, num_vfs: int) -> Resource | None:
         """The VF resource of a PF partitioned into `num_vfs` VFs; None when unsupported."""
         return {1: cls.NPU_VF1, 4: cls.NPU_VF4}.get(num_vfs)
 
     @classmethod
-    def from_process_name(cls, process_name: str) -> "Resource":
+    def from_process_name(cls, process_name: str) -> Resource:
         for resource in cls:
             if resource.process_name == process_name:
                 return resource

@@ -56,7 +56,7 @@ def _open_nofollow(path: os.PathLike | str, flags: int, mode: int, setting: str)
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, mode)
     except OSError as exc:
         # ELOOP, or ENOTDIR when a directory was asked for; the message only says what the path is.
-        if exc.errno == errno.ELOOP or exc.errno == errno.ENOTDIR and os.path.islink(path):
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path)):
             raise _refuse(setting, path, "is a symbolic link") from None
         if exc.errno == errno.ENOTDIR:
             raise _refuse(setting, path, "is not a directory") from None

@@ -1,4 +1,4 @@
-"""SR-IOV roles and NUMA nodes of PCI devices, read from sysfs (CONTRACT §3)."""
+"""SR-IOV roles and NUMA nodes of PCI devices, read from sysfs (docs/node.md#sysfs)."""
 
 from __future__ import annotations
 

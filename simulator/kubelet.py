@@ -13,6 +13,11 @@ It copies the kubelet device manager where a plugin can tell the difference:
 - restart() is a kubelet restart: the server goes, every socket in the plugin dir is
   removed (the checkpoint is kept), resources come back empty and disconnected (as
   restored from the checkpoint), and kubelet.sock is created anew.
+- The PodResources API (v1: List, GetAllocatableResources, Get) is served on its own
+  socket, `pod-resources/kubelet.sock` beside the plugin dir as on a real node. It
+  reports the devices each successful allocate() gave a pod's containers, kept across
+  restarts (as the checkpoint keeps them). A device allocated again belongs to its new
+  container only: the kubelet never hands out a device in use, so the earlier pod ended.
 
 Tests observe it through `resources()`, `registrations` and `wait_for`, which waits on a
 condition signalled on every change.
@@ -21,121 +26,37 @@ condition signalled on every change.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
-import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
 
 import grpc
 
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.podresources.v1 import api_pb2 as podresources_pb2
+from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
+from simulator.kubelet_views import DeviceView, RegistrationRecord, ResourceView
+from simulator.plugin_connection import PluginConnection
+from simulator.pod_resources import Assignment, PodResourcesService, allocatable, pod_resources, reassign
+from simulator.registration_rules import refusal_of
 
 KUBELET_SOCKET = "kubelet.sock"
+POD_RESOURCES_DIR = "pod-resources"
+DEFAULT_NAMESPACE = "default"
 CHECKPOINT = "kubelet_internal_checkpoint"
-SUPPORTED_VERSIONS = ("v1beta1",)
 DIAL_TIMEOUT = 10.0
 RPC_TIMEOUT = 10.0
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """k/k v1helper.IsExtendedResourceName: `domain/name`, not native, valid as `requests.<name>`."""
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    parts = f"requests.{name}".split("/")
-    if len(parts) != 2:
-        return False
-    prefix, short = parts
-    return (len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN.match(prefix))
-            and len(short) <= 63 and bool(_QUALIFIED_NAME.match(short)))
-
-
-def _go_quote(value: str | list[str]) -> str:
-    """Go's %q of a string or a string slice, as the kubelet's messages print them."""
-    return json.dumps(value, separators=(" ", ":"))
-
-
-class DeviceView(NamedTuple):
-    health: str
-    numa_nodes: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class ResourceView:
-    """What the kubelet knows about one resource; a snapshot, never changed in place."""
-
-    name: str
-    endpoint: str
-    options: api_pb2.DevicePluginOptions
-    """As answered by GetDevicePluginOptions when the resource last registered."""
-    devices: Mapping[str, DeviceView]
-    """The last ListAndWatch message, kept after the stream ends."""
-    connected: bool
-    """False once the ListAndWatch stream ended (or the kubelet stopped), until a new Register."""
-    updates: int
-    """ListAndWatch messages received since the last Register."""
-    registrations: int
-    """Accepted Register calls for this resource."""
-
-    @property
-    def health(self) -> dict[str, str]:
-        return {device: view.health for device, view in self.devices.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class RegistrationRecord:
-    request: api_pb2.RegisterRequest
-    time: float
-    """time.time() when Register was received."""
-    error: str | None
-    """The error Register answered with; None when accepted."""
-
 
 class _Refused(Exception):
     """Register fails with this message."""
 
 
-class _Client:
-    """The kubelet's connection to one registered plugin endpoint."""
-
-    def __init__(self, resource: str, socket: pathlib.Path):
-        self.resource = resource
-        self.channel = grpc.insecure_channel(f"unix://{socket}")
-        self.stub = api_pb2_grpc.DevicePluginStub(self.channel)
-        self.thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._stream: Any = None  # the ListAndWatch call: an iterator that can be cancelled
-        self._cancelled = False
-
-    def open_stream(self) -> Iterator[api_pb2.ListAndWatchResponse]:
-        with self._lock:
-            if self._cancelled:
-                return iter(())
-            self._stream = self.stub.ListAndWatch(api_pb2.Empty())
-            return self._stream
-
-    def cancel_stream(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            stream = self._stream
-        if stream is not None:
-            stream.cancel()
-
-    def close(self) -> None:
-        self.cancel_stream()
-        self.channel.close()
-
-
 class _Registration(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, kubelet: "KubeletSimulator"):
+    def __init__(self, kubelet: KubeletSimulator):
         self._kubelet = kubelet
 
     def Register(self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext) -> api_pb2.Empty:
@@ -143,20 +64,28 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
 
 
 class KubeletSimulator:
-    def __init__(self, plugin_dir: pathlib.Path, dial_timeout: float = DIAL_TIMEOUT):
+    def __init__(self, plugin_dir: pathlib.Path, dial_timeout: float = DIAL_TIMEOUT,
+                 pod_resources_socket: pathlib.Path | None = None):
+        """`pod_resources_socket` defaults to `pod-resources/kubelet.sock` beside `plugin_dir`."""
         self.plugin_dir = pathlib.Path(plugin_dir)
         self.socket_path = self.plugin_dir / KUBELET_SOCKET
-        if len(str(self.socket_path)) > _MAX_SOCKET_PATH:
-            raise ValueError(f"{self.socket_path} is too long for a unix socket path; use a shorter dir")
+        self.pod_resources_socket = pathlib.Path(pod_resources_socket or
+                                                 self.plugin_dir.parent / POD_RESOURCES_DIR / KUBELET_SOCKET)
+        for path in (self.socket_path, self.pod_resources_socket):
+            if len(str(path)) > _MAX_SOCKET_PATH:
+                raise ValueError(f"{path} is too long for a unix socket path; use a shorter dir")
         self._dial_timeout = dial_timeout
         # Reentrant so that wait_for predicates may call resources() while the condition is held.
         self._cond = threading.Condition(threading.RLock())
         self._server: grpc.Server | None = None
+        self._pod_resources_server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._generation = 0  # bumped by start and stop; a Register spanning one is refused
-        self._clients: dict[str, _Client] = {}
+        self._clients: dict[str, PluginConnection] = {}
         self._views: dict[str, ResourceView] = {}
         self._registrations: list[RegistrationRecord] = []
+        self._assignments: list[Assignment] = []
+        self._pods_made = 0
 
     # Lifecycle
 
@@ -172,6 +101,13 @@ class KubeletSimulator:
             server.add_insecure_port(f"unix://{self.socket_path}")
             server.start()
             self._server = server
+            self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+            pod_resources = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubelet-sim-podres"))
+            podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(
+                PodResourcesService(self._pod_resources, self._allocatable), pod_resources)
+            pod_resources.add_insecure_port(f"unix://{self.pod_resources_socket}")
+            pod_resources.start()
+            self._pod_resources_server = pod_resources
             self._generation += 1
             self._cond.notify_all()
 
@@ -179,6 +115,7 @@ class KubeletSimulator:
         """Stop serving and drop every plugin connection; resources stay, disconnected."""
         with self._cond:
             server, self._server = self._server, None
+            pod_resources, self._pod_resources_server = self._pod_resources_server, None
             executor, self._executor = self._executor, None
             self._generation += 1
             clients = list(self._clients.values())
@@ -188,7 +125,11 @@ class KubeletSimulator:
             self._cond.notify_all()
         if server is not None:
             server.stop(grace=None).wait()
+        if executor is not None:
             executor.shutdown(wait=False)
+        if pod_resources is not None:
+            pod_resources.stop(grace=None).wait()
+            self.pod_resources_socket.unlink(missing_ok=True)
         for client in clients:
             client.close()
         for client in clients:
@@ -208,7 +149,7 @@ class KubeletSimulator:
                 self._views[name] = dataclasses.replace(view, devices={}, updates=0)
         self.start()
 
-    def __enter__(self) -> "KubeletSimulator":
+    def __enter__(self) -> KubeletSimulator:
         self.start()
         return self
 
@@ -226,6 +167,11 @@ class KubeletSimulator:
         with self._cond:
             return dict(self._views)
 
+    def assignments(self) -> list[Assignment]:
+        """What the PodResources API reports: the devices each container holds."""
+        with self._cond:
+            return list(self._assignments)
+
     def describe(self) -> str:
         with self._cond:
             lines = [f"serving={self._server is not None} registrations={len(self._registrations)}"]
@@ -236,7 +182,7 @@ class KubeletSimulator:
                              f"updates={view.updates} devices=[{devices}]")
             return "\n".join(lines)
 
-    def wait_for(self, predicate: Callable[["KubeletSimulator"], bool], timeout: float, what: str) -> None:
+    def wait_for(self, predicate: Callable[[KubeletSimulator], bool], timeout: float, what: str) -> None:
         with self._cond:
             if not self._cond.wait_for(lambda: predicate(self), timeout):
                 raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}; kubelet state:\n"
@@ -260,11 +206,30 @@ class KubeletSimulator:
     # Calls to plugins
 
     def allocate(self, resource: str, container_device_lists: Iterable[Iterable[str]],
-                 timeout: float = RPC_TIMEOUT) -> api_pb2.AllocateResponse:
-        """One Allocate call with one container request per list (the kubelet sends one). Raises grpc.RpcError."""
+                 timeout: float = RPC_TIMEOUT, pod: str | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> api_pb2.AllocateResponse:
+        """One Allocate call with one container request per list (the kubelet sends one). Raises grpc.RpcError.
+
+        On success the devices belong to the containers `ctr-0`, `ctr-1`, ... of `pod` (default: a new
+        `sim-pod-<n>`) in `namespace`, as the PodResources API then reports."""
+        lists = [list(ids) for ids in container_device_lists]
         request = api_pb2.AllocateRequest(container_requests=[
-            api_pb2.ContainerAllocateRequest(devices_ids=list(ids)) for ids in container_device_lists])
-        return self._stub(resource).Allocate(request, timeout=timeout)
+            api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in lists])
+        response = self._stub(resource).Allocate(request, timeout=timeout)
+        with self._cond:
+            self._pods_made += 1
+            pod = pod or f"sim-pod-{self._pods_made}"
+            held = [Assignment(namespace, pod, f"ctr-{index}", resource, tuple(dict.fromkeys(ids)))
+                    for index, ids in enumerate(lists)]
+            self._assignments = reassign(self._assignments, resource, held)
+            self._cond.notify_all()
+        return response
+
+    def release(self, pod: str, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """The pod ended: its devices are nobody's any more."""
+        with self._cond:
+            self._assignments = [a for a in self._assignments if (a.namespace, a.pod) != (namespace, pod)]
+            self._cond.notify_all()
 
     def preferred_allocation(self, resource: str, available: Iterable[str], must_include: Iterable[str] = (),
                              size: int = 1, timeout: float = RPC_TIMEOUT) -> api_pb2.PreferredAllocationResponse:
@@ -285,7 +250,22 @@ class KubeletSimulator:
 
     # Internals
 
-    def _client(self, resource: str) -> _Client:
+    def _numa_nodes(self, resource: str, device: str) -> tuple[int, ...]:
+        """The NUMA nodes the plugin advertised for `device`; the caller holds the lock."""
+        view = self._views.get(resource)
+        return view.devices[device].numa_nodes if view and device in view.devices else ()
+
+    def _pod_resources(self) -> list[podresources_pb2.PodResources]:
+        with self._cond:
+            return pod_resources(self._assignments, self._numa_nodes)
+
+    def _allocatable(self) -> list[podresources_pb2.ContainerDevices]:
+        with self._cond:
+            return allocatable([(name, device) for name, view in sorted(self._views.items())
+                                for device in sorted(view.devices) if view.devices[device].health == "Healthy"],
+                               self._numa_nodes)
+
+    def _client(self, resource: str) -> PluginConnection:
         with self._cond:
             try:
                 return self._clients[resource]
@@ -314,13 +294,11 @@ class KubeletSimulator:
         with self._cond:
             generation = self._generation
         name = request.resource_name
-        if request.version not in SUPPORTED_VERSIONS:
-            raise _Refused(f"requested API version {_go_quote(request.version)} is not supported by kubelet. "
-                           f"Supported versions are {_go_quote(list(SUPPORTED_VERSIONS))}")
-        if not is_extended_resource_name(name):
-            raise _Refused(f"the ResourceName {_go_quote(name)} is invalid")
+        refusal = refusal_of(request)
+        if refusal is not None:
+            raise _Refused(refusal)
         # The kubelet joins the endpoint to its socket dir: a file name in the same directory.
-        client = _Client(name, self.plugin_dir / request.endpoint)
+        client = PluginConnection(name, self.plugin_dir / request.endpoint)
         try:
             grpc.channel_ready_future(client.channel).result(timeout=self._dial_timeout)
             options = client.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=self._dial_timeout)
@@ -347,9 +325,10 @@ class KubeletSimulator:
         if old is not None:
             old.close()
             # Register returns once the replaced stream is gone: nothing of it arrives later.
-            old.thread.join(timeout=RPC_TIMEOUT)
+            if old.thread is not None:
+                old.thread.join(timeout=RPC_TIMEOUT)
 
-    def _watch(self, client: _Client) -> None:
+    def _watch(self, client: PluginConnection) -> None:
         try:
             for response in client.open_stream():
                 devices = {d.ID: DeviceView(d.health, tuple(n.ID for n in d.topology.nodes))

@@ -7,7 +7,7 @@ Layout under the root:
     dev/        DEV_ROOT: rbln<i>, rbln<i>-<j>, rsd0 and one rsd<G> per RSD group, regular files
     bin/rbln-smi  the stand-in (simulator.rbln_smi_standin)
     smi/        its private state: state.json, calls.jsonl, locks
-    cdi/  device-plugins/  run/ (0700)  log/  rsd.lock
+    cdi/  device-plugins/  pod-resources/ (the kubelet simulator's)  run/ (0700)  log/  rsd.lock
 Every file is plain data: any process may drive the node through a `SimulatedNode`.
 """
 
@@ -75,6 +75,11 @@ class SimulatedNode:
         return self.root / "device-plugins"
 
     @property
+    def pod_resources_socket(self) -> pathlib.Path:
+        """Where the kubelet simulator (on `plugin_dir`) serves the PodResources API."""
+        return self.root / "pod-resources" / "kubelet.sock"
+
+    @property
     def run_dir(self) -> pathlib.Path:
         return self.root / "run"
 
@@ -91,7 +96,8 @@ class SimulatedNode:
         return self.root / "smi"
 
     def env(self, scan_interval: str = "200ms") -> dict[str, str]:
-        """The stack's environment (CONTRACT §2) with every path inside the node."""
+        """The stack's environment with every path inside the node, and no port taken (health and metrics
+        off: stacks of several tests or benchmarks may run at once)."""
         return {
             "SYSFS_ROOT": str(self.sysfs_root),
             "DEV_ROOT": str(self.dev_root),
@@ -101,7 +107,9 @@ class SimulatedNode:
             "RBLN_RSD_LOCK_FILE": str(self.lock_file),
             "RBLN_DEVICE_PLUGIN_RUN_DIR": str(self.run_dir),
             "RBLN_DEVICE_PLUGIN_LOG_DIR": str(self.log_dir),
+            "KUBELET_POD_RESOURCES_SOCKET": str(self.pod_resources_socket),
             "HEALTHCHECK_PORT": "-1",
+            "METRICS_PORT": "-1",
             "DEVICE_SCAN_INTERVAL": scan_interval,
         }
 
@@ -222,7 +230,7 @@ def _write_sysfs(node: SimulatedNode) -> None:
         if not device.is_vf:
             attributes.update(sriov_totalvfs=str(max(4, device.num_vfs)), sriov_numvfs=str(device.num_vfs))
         directory = make_function(device.pci_path, attributes)
-        if device.is_vf:
+        if device.parent is not None:  # a VF
             (directory / "physfn").symlink_to(f"../{node.device(device.parent).bus_id}")
             continue
         vfs = [d for d in node.inventory if d.parent == device.device]

@@ -72,7 +72,7 @@ def plan(spec: NodeSpec) -> tuple[SimDevice, ...]:
     pf_paths = _pf_paths(spec)
     pfs, vfs = [], []
     next_vf_npu = len(spec.pfs)
-    for i, (pf, path) in enumerate(zip(spec.pfs, pf_paths)):
+    for i, (pf, path) in enumerate(zip(spec.pfs, pf_paths, strict=True)):
         sid = pf.sid if pf.sid is not None else f"{_FIRST_SID + i:016d}"
         pfs.append(SimDevice(f"rbln{i}", i, path[-1], path, sid, pf.numa_node, pf.product, None, pf.num_vfs))
         bus = int(path[-1][5:7], 16)

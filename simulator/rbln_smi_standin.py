@@ -1,4 +1,5 @@
-"""The `rbln-smi` of a simulated node: the four commands of CONTRACT §3 over the node's private state.
+"""The `rbln-smi` of a simulated node: the four commands the stack runs (docs/node.md#rbln-smi), over the
+node's private state.
 
 `bin/rbln-smi` (written by `simulator.node`) calls `main` with the node's state dir.
 
@@ -58,7 +59,7 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, str]]:
     if sorted(argv) == ["-g", "-j"]:
         return GROUPS, {}
     if argv[:1] == ["group"] and len(argv) % 2 == 1:
-        options = dict(zip(argv[1::2], argv[2::2]))
+        options = dict(zip(argv[1::2], argv[2::2], strict=True))
         if len(options) * 2 == len(argv) - 1:
             if options.keys() == {"-d"}:
                 return DESTROY, options
@@ -217,7 +218,7 @@ def main(argv: list[str], state_dir: str) -> int:
             smi_state.append_call(state_dir, record)
             _hang()
             return 1
-        if kind == "slow":
+        if fault is not None and kind == "slow":
             time.sleep(fault["delay"])
         if kind == "exit":
             return _finish(state_dir, record, 1, "", "rbln-smi: simulated failure: NPU driver is not responding\n")

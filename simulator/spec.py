@@ -23,7 +23,7 @@ class PfSpec:
 
     def __post_init__(self) -> None:
         if isinstance(self.vf_mode, bool) or not (
-                self.vf_mode in VF_MODES or isinstance(self.vf_mode, int) and 0 <= self.vf_mode <= 255):
+                self.vf_mode in VF_MODES or (isinstance(self.vf_mode, int) and 0 <= self.vf_mode <= 255)):
             raise ValueError(f"vf_mode {self.vf_mode!r} is not 'none', 'vf1', 'vf4' or a VF count 0..255")
         if self.numa_node is not None and self.numa_node < 0:
             raise ValueError(f"numa_node {self.numa_node} is negative; use None for unknown")
@@ -41,12 +41,12 @@ class NodeSpec:
 
     @classmethod
     def uniform(cls, num_pfs: int = 4, vf_mode: str | int = "none", numa_nodes: int = 1,
-                switches: int = 2) -> "NodeSpec":
+                switches: int = 2) -> NodeSpec:
         """`num_pfs` alike PFs spread in contiguous blocks over NUMA nodes and switches."""
         return cls(_spread([vf_mode] * num_pfs, numa_nodes, switches))
 
     @classmethod
-    def parse(cls, text: str, numa_nodes: int = 1, switches: int = 2) -> "NodeSpec":
+    def parse(cls, text: str, numa_nodes: int = 1, switches: int = 2) -> NodeSpec:
         """CLI form: comma-separated `COUNT[:MODE]` groups, MODE `none` (default), `vf1`, `vf4` or
         `vfN`; e.g. "4", "2:vf4,2", "2:vf1". PFs are spread as by `uniform`."""
         modes: list[str | int] = []

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 Record = dict[str, Any]
-ENTRYPOINT = "from shared.cli import main; main()"
+ENTRYPOINT = "from rbln_device_plugin.cli import main; main()"
 RUN_COMMAND = (sys.executable, "-c", ENTRYPOINT, "run")
 
 
@@ -39,7 +39,7 @@ class StackProcess:
         assert self._proc is not None
         return self._proc.pid
 
-    def start(self) -> "StackProcess":
+    def start(self) -> StackProcess:
         self._proc = subprocess.Popen([*self._command, *self._args],
                                       env=self._environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, bufsize=1,
@@ -120,7 +120,7 @@ class StackProcess:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "StackProcess":
+    def __enter__(self) -> StackProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -148,7 +148,7 @@ class ZeroWindowAttack:
         with self._lock:
             return dataclasses.replace(self.report, grpc_status=Counter(self.report.grpc_status))
 
-    def __enter__(self) -> "ZeroWindowAttack":
+    def __enter__(self) -> ZeroWindowAttack:
         self._thread.start()
         return self
 

@@ -27,14 +27,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-import tomllib
 import uuid
 from collections.abc import Iterator, Sequence
 
 import pytest
+import tomllib
 import yaml
 
-from simulator.demo import expected_resources
+from rbln_device_plugin.simulate import expected_resources
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
@@ -160,7 +160,7 @@ def test_the_build_context_holds_what_the_build_reads_and_nothing_else(tmp_path)
                      ["wheel"]["packages"])
     assert sorted(p for p in sent if p not in BUILD_FILES and not p.startswith(packages)) == []
     assert sorted(p for p in sent if "__pycache__" in p.split("/") or p.endswith((".pyc", ".pyo"))) == []
-    assert BUILD_FILES <= sent
+    assert sent >= BUILD_FILES
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", *packages], capture_output=True, text=True)
     if tracked.returncode == 0:  # a source tree without .git: the packages' files are not listed anywhere
         assert sorted(set(tracked.stdout.split()) - sent) == []
@@ -263,10 +263,11 @@ def running_container(image: str, node: SimulatedNode, environment: dict[str, st
 
 
 def _chart_environment(chart: ChartContainer, node: SimulatedNode) -> dict[str, str]:
-    """The chart's settings (log level and format, health port, scan interval, run dir) with the node's paths."""
+    """The chart's settings (log level and format, health and metrics ports, scan interval, run dir) with the
+    node's paths."""
     return {**{k: v for k, v in chart.env.items() if k not in node.env()},
             **node.env(chart.env["DEVICE_SCAN_INTERVAL"]),
-            "HEALTHCHECK_PORT": chart.env["HEALTHCHECK_PORT"],
+            "HEALTHCHECK_PORT": chart.env["HEALTHCHECK_PORT"], "METRICS_PORT": chart.env["METRICS_PORT"],
             "RBLN_DEVICE_PLUGIN_RUN_DIR": chart.env["RBLN_DEVICE_PLUGIN_RUN_DIR"], "NODE_NAME": "image-test-node"}
 
 
@@ -282,7 +283,7 @@ def test_supervisord_is_pid_1(container):
     container.process.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS), timeout=60)
     argv = container.exec("cat", "/proc/1/cmdline").stdout.split("\0")[:-1]
     assert argv[:5] == [IMAGE_PYTHON, "-m", "supervisor.supervisord", "-n", "-c"]
-    assert argv[5].startswith(f"{IMAGE_VENV}/lib/") and argv[5].endswith("/shared/supervisor.conf")
+    assert argv[5].startswith(f"{IMAGE_VENV}/lib/") and argv[5].endswith("/rbln_device_plugin/supervisor.conf")
     programs = container.wait_running()
     assert set(programs) == PROGRAMS
     # Each program is a child of PID 1: supervisord started it, nothing in between.
@@ -337,6 +338,28 @@ def test_the_chart_probes_are_answered_serving(container, chart, probe):
             break
         time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     assert answer == "SERVING", f"{probe} probe (service {service!r} on port {port}): {answer}"
+
+
+SCRAPE = """
+import sys, urllib.request
+print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode())
+"""
+
+
+def test_the_chart_metrics_port_serves_the_whole_stack(container, chart, node):
+    port, expected = chart.env["METRICS_PORT"], expected_resources(node)
+    lines = [f'rbln_device_plugin_registered{{resource="{resource}"}} 1.0' for resource in expected]
+    # The watchdog's check refreshes the registrations every 2 s.
+    deadline = time.monotonic() + 30
+    while True:
+        result = docker("exec", container.name, IMAGE_PYTHON, "-c", SCRAPE, port, check=False)
+        page = result.stdout if result.returncode == 0 else result.stderr
+        if all(line in page for line in lines) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert [line for line in lines if line not in page] == [], page[-2000:]
+    # The scanner's events too: one endpoint for every process.
+    assert "rbln_device_plugin_scan_duration_seconds_count " in page
 
 
 def test_a_worker_killed_in_the_container_is_restarted_and_registers_again(container, node, kubelet):

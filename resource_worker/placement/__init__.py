@@ -15,9 +15,14 @@ search's own and may change with it.
 """
 
 from resource_worker.placement.api import WORK_BUDGET, Placement, place, preferred_allocation
-from resource_worker.placement.request import (Candidate, PlacementCheckError, PlacementRequestError,
-                                               candidate_from_record, card_key)
+from resource_worker.placement.request import (
+    Candidate,
+    PlacementCheckError,
+    PlacementRequestError,
+    candidate_from_record,
+)
 from resource_worker.placement.score import Score, score
+from shared.inventory import card_key
 
 __all__ = ["WORK_BUDGET", "Candidate", "Placement", "PlacementCheckError", "PlacementRequestError", "Score",
            "candidate_from_record", "card_key", "place", "preferred_allocation", "score"]

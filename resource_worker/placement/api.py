@@ -53,7 +53,8 @@ class Placement:
         (else None), and the answer's value."""
         if self.open_bound is None or self.score is None:
             return None
-        for name, bound, value in zip(Score._fields, self.open_bound, self.score):
+        # The bound may stop before the last component: the components it does not reach are not compared.
+        for name, bound, value in zip(Score._fields, self.open_bound, self.score, strict=True):
             if bound != value:
                 return Shortfall(name, bound, value)
         name = Score._fields[min(len(self.open_bound), len(Score._fields) - 1)]

@@ -64,7 +64,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
         # forced ones.
         meter.charge(1 + len(forced))
         held, enough, steps = 0, None, 0
-        for reach, c in zip(center.reaches, center.classes):
+        for reach, c in zip(center.reaches, center.classes, strict=True):
             steps += 1
             held += min(most[c], 1) if c == center.pendant else most[c]
             if held >= target.count:
@@ -87,7 +87,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
         reach = _first_feasible(center, limits, group_of, target, best, meter)
         if reach is None:
             continue
-        if not found or reach < best and diameter is None:
+        if not found or (reach < best and diameter is None):
             best, hits, found = reach, [], True
         hits.append(center)
     if not found:
@@ -106,7 +106,7 @@ def _first_feasible(center: Center, limits: Limits, group_of: Sequence[int], tar
     card_room: dict[int, int] = {}
     card_forced: set[int] = set()
     last = len(reaches) - 1
-    for i, (reach, c) in enumerate(zip(reaches, center.classes)):
+    for i, (reach, c) in enumerate(zip(reaches, center.classes, strict=True)):
         if stop is not None and reach > stop:
             meter.record(i + 1)
             return None
@@ -152,7 +152,7 @@ def _enough(card_room: dict[int, int], card_forced: set[int], solo_rooms: int, n
 def _ball(center: Center, limits: Limits, diameter: int, meter: WorkMeter) -> Ball:
     meter.charge(len(center.classes))
     most = {}
-    for reach, c in zip(center.reaches, center.classes):
+    for reach, c in zip(center.reaches, center.classes, strict=True):
         if reach > diameter:
             break
         if limits.most[c]:

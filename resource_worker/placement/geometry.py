@@ -99,7 +99,8 @@ class RootTree:
             if v != self.top:
                 # One hop down from the parent: nearer to what lies below, farther from the rest.
                 low, high = first[v], last[v]
-                hops[v] = [h - 1 if low <= span <= high else h + 1 for h, span in zip(hops[parent[v]], spans)]
+                hops[v] = [h - 1 if low <= span <= high else h + 1
+                           for h, span in zip(hops[parent[v]], spans, strict=True)]
         return hops
 
     @cached_property
@@ -117,23 +118,23 @@ class RootTree:
         # Devices all at even or all at odd depths are an even number of hops apart: every largest distance is
         # even, so balls around the middle of an edge are never needed.
         depth_of_top = hops[self.top]
-        odd = len({(h + k) % 2 for h, k in zip(depth_of_top, chain)}) > 1
+        odd = len({(h + k) % 2 for h, k in zip(depth_of_top, chain, strict=True)}) > 1
         centers = []
         for v in self.postorder:
             parent = self.parent[v]
             directions = sum(1 for child in self.children[v] if within[child]) + (within[v] < total)
             if self.hanging[v] or directions > 1:
-                centers.append(self._center([2 * (h + k) for h, k in zip(hops[v], chain)], -1, None))
+                centers.append(self._center([2 * (h + k) for h, k in zip(hops[v], chain, strict=True)], -1, None))
             if odd and parent >= 0 and 0 < within[v] < total:
-                centers.append(self._center([2 * (min(near, far) + k) + 1
-                                             for near, far, k in zip(hops[v], hops[parent], chain)], -1, None))
+                centers.append(self._center([2 * (min(near, far) + k) + 1 for near, far, k
+                                             in zip(hops[v], hops[parent], chain, strict=True)], -1, None))
         for i, a in enumerate(self.classes):
             # One device of `a` at one end; the others within D of it, so within D - chain[a] of attach[a]:
             # pairwise closer than D as long as D < 2 * chain[a] (from there attach[a]'s ball holds them).
             # Of use only if some class hangs nearer to attach[a] than `a`'s devices do (never `a` itself).
             near = hops[self.attach[a]]
             if chain[i] and min(map(add, near, chain)) < chain[i]:
-                reaches = [chain[i] + h + k for h, k in zip(near, chain)]
+                reaches = [chain[i] + h + k for h, k in zip(near, chain, strict=True)]
                 reaches[i] = 0
                 centers.append(self._center(reaches, a, 2 * chain[i]))
         return centers
@@ -144,7 +145,8 @@ class RootTree:
         links = {}
         for a in self.classes:
             near = self.hops[self.attach[a]]
-            links[a] = [(c, self.chain[a] + h + self.chain[c]) for c, h in zip(self.classes, near) if c != a]
+            links[a] = [(c, self.chain[a] + h + self.chain[c])
+                        for c, h in zip(self.classes, near, strict=True) if c != a]
         return links
 
     @cached_property
@@ -155,7 +157,7 @@ class RootTree:
 
     def _center(self, reaches: list[int], pendant: int, limit: int | None) -> Center:
         """A centre from each class's reach (in the order of `classes`)."""
-        ordered_reaches, ordered_classes = zip(*sorted(zip(reaches, self.classes)))
+        ordered_reaches, ordered_classes = zip(*sorted(zip(reaches, self.classes, strict=True)), strict=True)
         return Center(ordered_reaches, ordered_classes, pendant, limit, tuple(reaches))
 
 
@@ -169,7 +171,7 @@ def _root_tree(root: int, shape: Shape) -> RootTree:
 def forest(tables: PoolTables) -> list[RootTree]:
     """The pool's roots, shared with any pool whose classes hang alike (their centres built on first use)."""
     nodes: list[list[tuple[int, int]]] = [[] for _ in range(tables.n_roots)]
-    for v, (parent, root) in enumerate(zip(tables.node_parent, tables.node_root)):
+    for v, (parent, root) in enumerate(zip(tables.node_parent, tables.node_root, strict=True)):
         nodes[root].append((v, parent))
     classes: list[list[tuple[int, int, int]]] = [[] for _ in range(tables.n_roots)]
     for c, root in enumerate(tables.root):

@@ -13,10 +13,9 @@ import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from shared.inventory import DeviceRecord
+from shared.inventory import DeviceRecord, card_key
 from shared.sriov import parse_numa
 
-_INVALID_SIDS = frozenset({"", "n/a", "unknown"})
 _SHOWN_IDS = 5
 
 
@@ -46,19 +45,6 @@ class Request:
     pool: list[str]
     mandatory: list[str]
     size: int
-
-
-def card_key(sid: str, parent_pf: str | None) -> str | None:
-    """The card a device sits on, or None when nothing says it shares one."""
-    if parent_pf:
-        # A VF's SID may be blank or copied from its PF; the PF address is what groups VFs.
-        return "pf:" + parent_pf.strip().lower()
-    sid = (sid or "").strip()
-    # All zeros is no SID, however it is written: `0000…`, `0000-00…`, `0x0000…`.
-    digits = sid[2:] if sid[:2].lower() == "0x" else sid
-    if sid.lower() in _INVALID_SIDS or set(digits) <= set("0-:. "):
-        return None
-    return "sid:" + sid
 
 
 def candidate_from_record(record: DeviceRecord) -> Candidate:

@@ -29,7 +29,6 @@ from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
 from resource_worker.placement.tree_dp import Encoding, Knapsack, Solution
 
 
-
 class Plan(NamedTuple):
     """A branch before the places are split: its limits, how each class counts cards, and cards counted already."""
 

@@ -46,7 +46,7 @@ class Encoding(NamedTuple):
 class _Part:
     """The least value of some devices for each count from `low` on, and the parts it was made of."""
 
-    __slots__ = ("low", "values", "supply", "forced", "cls", "left", "right", "edges")
+    __slots__ = ("cls", "edges", "forced", "left", "low", "right", "supply", "values")
 
     def __init__(self, low: int, values: list[int], supply: int, forced: int, cls: int = -1,
                  left: _Part | None = None, right: _Part | None = None) -> None:
@@ -208,7 +208,7 @@ class Knapsack:
         # Besides the pairs, a merge's own lists and its record.
         self.meter.charge(4 + len(first) + high - low + sum(stop - start for start, stop in rows if stop > start))
         values = [self._unreached] * (high - low + 1)
-        for x, (start, stop) in zip(first, rows):
+        for x, (start, stop) in zip(first, rows, strict=True):
             k = base + start - low
             for y in second[start:stop]:
                 total = x + y

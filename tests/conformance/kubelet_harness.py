@@ -45,7 +45,7 @@ class KubeletHarness:
 
     # -- the process and its namespace ------------------------------------------------------------
 
-    def start(self, numa_nodes: int = 1, policy: str = "best-effort") -> "KubeletHarness":
+    def start(self, numa_nodes: int = 1, policy: str = "best-effort") -> KubeletHarness:
         with open(self.log_path, "w") as log:
             self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                           text=True, bufsize=1)

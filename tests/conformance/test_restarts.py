@@ -6,7 +6,7 @@ import os
 import signal
 import stat
 
-from kubelet_watchdog.supervisor_control import connect
+from shared.supervisord.client import connect
 from tests.conformance.kubelet_harness import NPU, VF1, VF4, pod
 
 MIXED_NODE = "2,1:vf1,1:vf4"
@@ -49,6 +49,9 @@ def test_after_a_kubelet_restart_every_resource_is_back_within_2s_and_allocation
     assert len(after) == 3 and not after & before
     for resource in COUNTS:
         stack.wait_for_record(REGISTERED, count=2, resourceName=resource)
+    # Exactly one registration each with the new kubelet: the old instances left it to their successors.
+    assert registrations(stack) == dict.fromkeys(COUNTS, 2)
+    assert not stack.find("No restart came after the kubelet restarted; registering with the new kubelet")
 
     # The checkpoint kept the allocations: the same devices, the same run options, not handed out again.
     for uid, devices in held.items():

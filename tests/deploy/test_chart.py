@@ -61,9 +61,11 @@ def _render(args: tuple[str, ...]) -> tuple[dict, ...]:
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-def render(*sets: str, values: pathlib.Path | None = None, strings: tuple[str, ...] = ()) -> list[dict]:
-    """Documents of `helm template`; `sets` are --set KEY=VALUE, `strings` --set-string KEY=VALUE."""
-    args: list[str] = []
+def render(*sets: str, values: pathlib.Path | None = None, strings: tuple[str, ...] = (),
+           api_versions: tuple[str, ...] = ()) -> list[dict]:
+    """Documents of `helm template`; `sets` are --set KEY=VALUE, `strings` --set-string KEY=VALUE,
+    `api_versions` the APIs the cluster is said to serve (--api-versions)."""
+    args: list[str] = [arg for api in api_versions for arg in ("--api-versions", api)]
     if values is not None:
         args += ["--values", str(values)]
     for item in sets:
@@ -121,8 +123,10 @@ def mounts_of(*sets: str, **kwargs) -> dict:
 DEFAULT_ENV = {
     "CDI_ROOT": "/var/run/cdi",
     "KUBELET_DEVICE_PLUGIN_PATH": "/var/lib/kubelet/device-plugins",
+    "KUBELET_POD_RESOURCES_SOCKET": "/var/lib/kubelet/pod-resources/kubelet.sock",
     "USE_GENERIC_RESOURCE_NAME": "true",
     "HEALTHCHECK_PORT": "51515",
+    "METRICS_PORT": "51516",
     "DEVICE_SCAN_INTERVAL": "5s",
     "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "info",
     "RBLN_DEVICE_PLUGIN_LOG_FORMAT": "json",
@@ -249,6 +253,10 @@ def test_default_environment_is_the_contract_defaults():
     ("devicePlugin.cdiRoot", "/etc/cdi", "CDI_ROOT", "/etc/cdi"),
     ("devicePlugin.kubeletDevicePluginPath", "/data/kubelet/device-plugins", "KUBELET_DEVICE_PLUGIN_PATH",
      "/data/kubelet/device-plugins"),
+    ("devicePlugin.containers.plugin.metricsPort", "9400", "METRICS_PORT", "9400"),
+    ("devicePlugin.containers.plugin.metricsPort", "-1", "METRICS_PORT", "-1"),
+    ("paths.kubeletPodResourcesSocket", "/data/kubelet/pod-resources/kubelet.sock", "KUBELET_POD_RESOURCES_SOCKET",
+     "/data/kubelet/pod-resources/kubelet.sock"),
     ("paths.rsdLockFile", "/run/rbln/rsd.lock", "RBLN_RSD_LOCK_FILE", "/run/rbln/rsd.lock"),
     ("paths.runDir", "/run/npu-plugin", "RBLN_DEVICE_PLUGIN_RUN_DIR", "/run/npu-plugin"),
     ("paths.sysfsRoot", "/host/sys", "SYSFS_ROOT", "/host/sys"),
@@ -295,7 +303,8 @@ def test_grpc_liveness_and_readiness_probes_on_the_health_port():
     assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
     assert container["readinessProbe"]["grpc"] == {"port": 51515, "service": "readiness"}
     assert container["livenessProbe"]["failureThreshold"] >= 1
-    assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "health", "containerPort": 51515, "protocol": "TCP"},
+                                  {"name": "metrics", "containerPort": 51516, "protocol": "TCP"}]
 
 
 @pytest.mark.parametrize("how", ["--set", "--set-string"])  # the original took the port as a string too
@@ -311,9 +320,88 @@ def test_probes_follow_a_custom_port(how):
 @pytest.mark.parametrize("port", ["-1", "-5", "0"])
 def test_no_probes_and_no_port_when_the_health_service_is_off_or_on_a_kernel_chosen_port(port):
     container = plugin_container(f"devicePlugin.containers.plugin.healthcheckPort={port}")
-    for key in ("livenessProbe", "readinessProbe", "startupProbe", "ports"):
+    for key in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert key not in container
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
     assert env_of(container)["HEALTHCHECK_PORT"] == port
+    both_off = plugin_container(f"devicePlugin.containers.plugin.healthcheckPort={port}",
+                                "devicePlugin.containers.plugin.metricsPort=-1")
+    assert "ports" not in both_off
+
+
+# --- Metrics -----------------------------------------------------------------------------------------
+
+MONITORING = ("monitoring.coreos.com/v1",)
+
+
+def pod_monitors(*sets: str, **kwargs) -> list[dict]:
+    return [doc for doc in render(*sets, **kwargs) if doc["kind"] == "PodMonitor"]
+
+
+def test_the_metrics_port_on_the_container_and_no_scrape_annotations_by_default():
+    container = plugin_container("devicePlugin.containers.plugin.metricsPort=9400")
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in container["ports"]
+    annotations = daemonset()["spec"]["template"]["metadata"]["annotations"]
+    assert not [key for key in annotations if key.startswith("prometheus.io/")]
+
+
+def test_scrape_annotations_name_the_port_and_path():
+    annotations = daemonset("metrics.scrapeAnnotations=true", "devicePlugin.containers.plugin.metricsPort=9400",
+                            "devicePlugin.podAnnotations.team=npu")["spec"]["template"]["metadata"]["annotations"]
+    assert {key: value for key, value in annotations.items() if key.startswith("prometheus.io/")} == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/metrics"}
+    assert annotations["team"] == "npu"
+
+
+def test_a_pod_monitor_only_when_enabled_and_the_cluster_serves_the_monitoring_api():
+    assert pod_monitors(api_versions=MONITORING) == []
+    assert pod_monitors("metrics.podMonitor.enabled=true") == []
+    (monitor,) = pod_monitors("metrics.podMonitor.enabled=true", "metrics.podMonitor.interval=15s",
+                              "metrics.podMonitor.labels.release=kube-prometheus-stack", api_versions=MONITORING)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    pod_labels = daemonset()["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in [p["name"] for p in plugin_container()["ports"]]
+    assert (endpoint["path"], endpoint["interval"], endpoint["scrapeTimeout"]) == ("/metrics", "15s", "10s")
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+
+
+def test_metrics_off_means_no_port_no_annotations_and_no_pod_monitor():
+    off = ("devicePlugin.containers.plugin.metricsPort=-1", "metrics.scrapeAnnotations=true",
+           "metrics.podMonitor.enabled=true")
+    assert "metrics" not in [p["name"] for p in plugin_container(*off)["ports"]]
+    assert "prometheus.io/scrape" not in daemonset(*off)["spec"]["template"]["metadata"]["annotations"]
+    assert pod_monitors(*off, api_versions=MONITORING) == []
+
+
+@pytest.mark.parametrize(("sets", "says"), [
+    # A client-side dry run knows of no API beyond Kubernetes' own: like a cluster without the operator.
+    (("metrics.podMonitor.enabled=true",), "does not serve monitoring.coreos.com/v1: no PodMonitor was made"),
+    (("devicePlugin.containers.plugin.metricsPort=-1",), "The metrics endpoint is off"),
+    ((), "GET /metrics on port 51516"),
+])
+def test_notes_say_where_the_metrics_are(sets, says):
+    args = [arg for item in sets for arg in ("--set", item)]
+    result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    assert says in result.stdout
+
+
+def test_the_pod_monitor_passes_the_checks_and_a_wrong_port_name_would_not():
+    docs = render(values=ROOT / "deploy/helm/ci-values/metrics.yaml", api_versions=MONITORING)
+    assert [doc["kind"] for doc in docs].count("PodMonitor") == 1
+    assert manifest_checks.problems(docs) == []
+    broken = [dict(doc) for doc in docs]
+    monitor = next(doc for doc in broken if doc["kind"] == "PodMonitor")
+    monitor["spec"] = {**monitor["spec"], "podMetricsEndpoints": [{"port": "prometheus"}],
+                       "selector": {"matchLabels": {"app.kubernetes.io/name": "something-else"}}}
+    assert [problem.split(": ", 1)[1] for problem in manifest_checks.problems(broken)] == [
+        "spec.selector.matchLabels {'app.kubernetes.io/name': 'something-else'} selects no pod template of this "
+        "render", "podMetricsEndpoints port 'prometheus' is no port of the selected containers"]
 
 
 # --- Mounts ------------------------------------------------------------------------------------------
@@ -322,6 +410,8 @@ def test_default_mounts():
     mounts = mounts_of()
     assert mounts == {
         "/var/lib/kubelet/device-plugins": ("hostPath", "/var/lib/kubelet/device-plugins", False),
+        # The kubelet's PodResources API, for `status`: the directory, as the socket is made anew.
+        "/var/lib/kubelet/pod-resources": ("hostPath", "/var/lib/kubelet/pod-resources", True),
         "/var/run/cdi": ("hostPath", "/var/run/cdi", False),
         "/dev": ("hostPath", "/dev", False),
         "/sys": ("hostPath", "/sys", True),
@@ -367,6 +457,7 @@ def test_every_host_path_and_its_mode():
         (CONTAINER, "log-dir", "/var/log/rbln-device-plugin", "DirectoryOrCreate", "rw"),
         (CONTAINER, "host-driver-usr-bin", "/run/rbln/driver/usr/bin", "DirectoryOrCreate", "ro"),
         (CONTAINER, "kubelet-device-plugins", "/var/lib/kubelet/device-plugins", "DirectoryOrCreate", "rw"),
+        (CONTAINER, "kubelet-pod-resources", "/var/lib/kubelet/pod-resources", "DirectoryOrCreate", "ro"),
     ])
 
 
@@ -396,6 +487,8 @@ def test_host_rbln_smi_mounts_are_optional():
 def test_mounts_follow_the_paths():
     mounts = mounts_of(values=ROOT / "deploy/helm/ci-values/custom-paths.yaml")
     assert mounts["/data/kubelet/device-plugins"] == ("hostPath", "/data/kubelet/device-plugins", False)
+    assert mounts["/data/kubelet/pod-resources"] == ("hostPath", "/data/kubelet/pod-resources", True)
+    assert "/var/lib/kubelet/pod-resources" not in mounts
     assert mounts["/etc/cdi"] == ("hostPath", "/etc/cdi", False)
     # rsdLockFile /run/rbln/rsd-group.lock: the file, mounted over the read-only /run/rbln.
     assert mounts["/run/rbln"] == ("hostPath", "/run/rbln", True)
@@ -629,6 +722,14 @@ PORT = "/devicePlugin/containers/plugin/healthcheckPort"
     (("--set", "devicePlugin.containers.sidecar.image=x"), "/devicePlugin/containers"),
     (("--set", "terminationGracePeriodSeconds=10"), "/terminationGracePeriodSeconds"),
     (("--set", "partitionReadyGate.enabled=yes"), "/partitionReadyGate/enabled"),
+    (("--set", "devicePlugin.containers.plugin.metricsPort=0"), "/devicePlugin/containers/plugin/metricsPort"),
+    (("--set", "devicePlugin.containers.plugin.metricsPort=70000"), "/devicePlugin/containers/plugin/metricsPort"),
+    (("--set-string", "devicePlugin.containers.plugin.metricsPort=51516"),
+     "/devicePlugin/containers/plugin/metricsPort"),
+    (("--set", "metrics.podMonitor.interval=30"), "/metrics/podMonitor/interval"),
+    (("--set", "metrics.scrapeAnnotations=yes"), "/metrics/scrapeAnnotations"),
+    (("--set", "metrics.serviceMonitor.enabled=true"), "/metrics"),
+    (("--set", "paths.kubeletPodResourcesSocket=kubelet.sock"), "/paths/kubeletPodResourcesSocket"),
 ])
 def test_schema_rejects_wrong_values(args, where):
     result = _run_helm("template", RELEASE, str(CHART), *args)

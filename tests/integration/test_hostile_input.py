@@ -169,7 +169,7 @@ def footprint_violations(served: Served) -> list[str]:
             if event in _EXEC_EVENTS:
                 if path not in runnable:
                     violations.append(f"{log.stem}: runs {path}")
-            elif event in _WRITE_EVENTS or event == "open" and isinstance(args[2], int) and args[2] & _WRITE_FLAGS:
+            elif event in _WRITE_EVENTS or (event == "open" and isinstance(args[2], int) and args[2] & _WRITE_FLAGS):
                 if event == "os.mkdir" and path in ancestors:
                     continue
                 if not _within(path, writable):
@@ -276,7 +276,7 @@ def test_preferred_allocation_answers_one_valid_or_empty_response_per_container(
             assert request.ByteSize() > GRPC_LIMIT
             return
     assert len(response.container_responses) == len(containers)
-    for (available, must, size), answer in zip(containers, response.container_responses):
+    for (available, must, size), answer in zip(containers, response.container_responses, strict=True):
         chosen = list(answer.deviceIDs)
         if chosen:
             assert len(chosen) == size and len(set(chosen)) == size

@@ -15,9 +15,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from kubelet_watchdog.probes import PROGRAMS, WORKERS
+from rbln_device_plugin import logs as logs_command
 from resource_worker import tracing
-from shared import logs_command
+from shared.programs import PROGRAMS, WORKERS
 from shared.resources import Resource
 from shared.version import VERSION
 

@@ -17,16 +17,26 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubelet_watchdog.health_server import MAX_CONCURRENT_CALLS
-from kubelet_watchdog.supervisor_control import server_proxy
-from shared import supervisor_rpc
 from shared.rbln_smi import TOOL_ENVIRONMENT
+from shared.supervisord import transport
+from shared.supervisord.client import server_proxy
 from simulator import smi_state
 from simulator.stack import ENTRYPOINT, StackProcess
 from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
 from tests.integration.test_faults import wait_until
-from tests.integration.test_supervision import (DEVICES, NODE, NOT_SERVING, SERVING, await_health,
-                                                await_restarted_workers, await_serving, free_port, program_info,
-                                                registrations, status_command)
+from tests.integration.test_supervision import (
+    DEVICES,
+    NODE,
+    NOT_SERVING,
+    SERVING,
+    await_health,
+    await_restarted_workers,
+    await_serving,
+    free_port,
+    program_info,
+    registrations,
+    status_command,
+)
 
 NPU = "rebellions.ai/npu"
 # The chart's probes give the kubelet's Check this long (probes.*.timeoutSeconds).
@@ -99,7 +109,7 @@ def test_a_watchdog_that_cannot_reach_supervisord_reports_not_live_and_not_ready
     # Logged once (and only now seen: the programs' output goes through supervisord).
     (record,) = stack.wait_for_record("Cannot read program states; reporting not live and not ready")
     assert record["process"] == "watchdog" and record["level"] == "warn"
-    assert f"did not answer within {supervisor_rpc.CALL_TIMEOUT:g}s" in record["err"]
+    assert f"did not answer within {transport.CALL_TIMEOUT:g}s" in record["err"]
 
 
 def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_group(make_node, kubelet,
@@ -120,7 +130,7 @@ def test_supervisord_starts_quietly_and_its_secret_stays_in_the_private_run_dir(
     await_serving(kubelet)
     response = kubelet.allocate("rebellions.ai/npu-vf4", [sorted(DEVICES["rebellions.ai/npu-vf4"])])
     assert response.container_responses[0].devices
-    secret = (node.run_dir / supervisor_rpc.CREDENTIALS_FILE).read_text()
+    secret = (node.run_dir / transport.CREDENTIALS_FILE).read_text()
     password = secret.split("password=")[1].strip()
     assert len(password) == 64
 
@@ -128,12 +138,12 @@ def test_supervisord_starts_quietly_and_its_secret_stays_in_the_private_run_dir(
     env = {**os.environ, **node.env("200ms")}
     assert status_command(env).returncode == 0
     with socket.socket(socket.AF_UNIX) as anonymous:
-        anonymous.connect(str(supervisor_rpc.socket_path(node.run_dir)))
+        anonymous.connect(str(transport.socket_path(node.run_dir)))
         anonymous.sendall(b"POST /RPC2 HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
         assert anonymous.recv(100).startswith(b"HTTP/1.0 401")
 
     assert stat.S_IMODE(node.run_dir.stat().st_mode) == 0o700
-    for private in (supervisor_rpc.socket_path(node.run_dir), node.run_dir / supervisor_rpc.CREDENTIALS_FILE):
+    for private in (transport.socket_path(node.run_dir), node.run_dir / transport.CREDENTIALS_FILE):
         assert stat.S_IMODE(private.lstat().st_mode) == 0o600, private
 
     calls = node.smi_calls()

@@ -5,7 +5,8 @@ import time
 import grpc
 import pytest
 
-from shared import runtime_status
+from shared import process_status
+from shared.programs import WORKERS
 from shared.resources import Resource
 
 NPU, VF1, VF4 = (r.value for r in Resource)
@@ -36,13 +37,12 @@ def test_pf_only_node_registers_npu_only(make_node, kubelet, start_stack):
         "worker-npu": True, "worker-npu-vf1": False, "worker-npu-vf4": False}
 
 
-WORKERS = [r.process_name for r in Resource]
 
 
 def loaded_libraries(node, process: str, timeout: float = 20.0) -> str:
     """The file names mapped into `process` (its pid from the status file it writes once it runs)."""
     deadline = time.monotonic() + timeout
-    while (status := runtime_status.read_status(node.run_dir, process)) is None:
+    while (status := process_status.read_status(node.run_dir, process)) is None:
         assert time.monotonic() < deadline, f"{process} wrote no status file within {timeout}s"
         time.sleep(0.05)
     pid = status["pid"]

@@ -16,15 +16,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kubelet_watchdog.probes import PROGRAMS
-from kubelet_watchdog.supervisor_control import connect, server_proxy
+from shared.programs import PROGRAMS, WORKERS
 from shared.resources import Resource
+from shared.supervisord.client import connect, server_proxy
 from simulator.kubelet import KubeletSimulator
 from simulator.stack import ENTRYPOINT
 from tests.integration.test_faults import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
-WORKERS = tuple(r.process_name for r in Resource)
 # One device of every resource: every worker serves.
 NODE = "1,1:vf1,1:vf4"
 DEVICES = {NPU: {"rbln0"}, VF1: {"rbln1-0"}, VF4: {"rbln2-0", "rbln2-1", "rbln2-2", "rbln2-3"}}
@@ -133,6 +132,9 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
         await_serving(kubelet, since=before)
     detected = stack.find("Detected kubelet socket recreation; restarting device plugins")
     assert len(detected) == 5 and all(r["process"] == "watchdog" and r["level"] == "info" for r in detected)
+    # One registration per restart and resource: an old instance leaves the new kubelet to its successor.
+    assert registrations(kubelet) == dict.fromkeys(kubelet.resources(), 6)
+    assert not stack.find("No restart came after the kubelet restarted; registering with the new kubelet")
     # Each instance had its own socket; the kubelet removed the old ones, the new instances left none behind.
     assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
 
@@ -160,8 +162,8 @@ def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others
         before = registrations(kubelet)
         victim = program_info(node)[program]["pid"]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: (info := program_info(node)[program])["statename"] == "RUNNING"
-                   and info["pid"] != victim, 20, f"a new {program}")
+        wait_until(lambda program=program, victim=victim: (info := program_info(node)[program])["statename"]
+                   == "RUNNING" and info["pid"] != victim, 20, f"a new {program}")
         if program in WORKERS:
             resource = Resource.from_process_name(program).value
             await_serving(kubelet, since={resource: before[resource]})
@@ -263,7 +265,9 @@ def test_a_program_that_cannot_run_makes_supervisord_shut_the_stack_down(make_no
     assert fatal["programs"] == ["scanner"] and fatal["level"] == "error"
     for process in PROGRAMS[1:]:
         assert stack.find(process=process)[-1]["msg"] == "Shutdown"
-    assert len(stack.find("Starting rbln-device-plugin", process="scanner")) == 4  # the start and 3 retries
+    # The start and 3 retries at least: on a loaded machine a start can take longer than startsecs to
+    # fail, which supervisord counts as a run and answers with a fresh set of retries.
+    assert len(stack.find("Starting rbln-device-plugin", process="scanner")) >= 4
     assert stack.stop() == 0
 
 

@@ -2,10 +2,10 @@ import pathlib
 
 import pytest
 
-from shared.config import SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
+from shared.config import OPTIONS, SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
+from shared.durations import format_duration, parse_duration
 from shared.plugin_socket import longest_socket_name, new_socket_name
 from shared.resources import Resource
-from shared.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -33,6 +33,8 @@ def test_defaults_follow_the_contract():
     assert settings.kubelet_device_plugin_path == pathlib.Path("/var/lib/kubelet/device-plugins")
     assert settings.kubelet_socket == pathlib.Path("/var/lib/kubelet/device-plugins/kubelet.sock")
     assert settings.healthcheck_port == 51515
+    assert settings.metrics_port == 51516
+    assert settings.kubelet_pod_resources_socket == pathlib.Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     assert settings.device_scan_interval == 5.0
     assert settings.otlp_endpoint == ""
     assert settings.use_generic_resource_name is True
@@ -47,9 +49,12 @@ def test_defaults_follow_the_contract():
 
 def test_environment_overrides_and_empty_values():
     settings = Settings.from_environ({"DEVICE_SCAN_INTERVAL": "250ms", "HEALTHCHECK_PORT": "-1",
+                                      "METRICS_PORT": "-1", "KUBELET_POD_RESOURCES_SOCKET": "/k/pr.sock",
                                       "RBLN_DEVICE_PLUGIN_LOG_DIR": "", "RBLN_SMI": "/opt/rbln-smi"})
     assert settings.device_scan_interval == 0.25
     assert settings.healthcheck_port == -1
+    assert settings.metrics_port == -1
+    assert settings.kubelet_pod_resources_socket == pathlib.Path("/k/pr.sock")
     assert settings.log_dir is None
     assert settings.rbln_smi == pathlib.Path("/opt/rbln-smi")
     assert settings.node_name  # falls back to the host name
@@ -66,7 +71,7 @@ def test_healthcheck_port_reads_go_integers(text, port):
 
 @pytest.mark.parametrize("text", ["08080", "1__0", "_1", "1_", "0x", "0o", "1e3", "0b2", "+-1", "\u0663", ""])
 def test_healthcheck_port_refuses_what_go_refuses(text):
-    with pytest.raises(ConfigError, match="HEALTHCHECK_PORT.*not an integer"):
+    with pytest.raises(ConfigError, match=r"HEALTHCHECK_PORT.*not an integer"):
         Settings.from_environ({"HEALTHCHECK_PORT": text})
 
 
@@ -89,6 +94,9 @@ def test_use_generic_resource_name_reads_go_booleans(text, value):
     ("DEVICE_SCAN_INTERVAL", "0s", "must be positive"),
     ("HEALTHCHECK_PORT", "http", "not an integer"),
     ("HEALTHCHECK_PORT", "70000", "above 65535"),
+    ("METRICS_PORT", "metrics", "not an integer"),
+    ("METRICS_PORT", "65536", "above 65535"),
+    ("KUBELET_POD_RESOURCES_SOCKET", "", "must not be empty"),
     ("SYSFS_ROOT", "", "must not be empty"),
     # A plugin socket name is 54 bytes: with the slash, a 53-byte directory is one too many.
     ("KUBELET_DEVICE_PLUGIN_PATH", "/" + "k" * 52, "108 bytes for rbln-device-plugin-rebellions-ai-npu-vf"),
@@ -108,3 +116,10 @@ def test_socket_directories_up_to_the_unix_limit_are_accepted():
     assert len(str(settings.kubelet_device_plugin_path / longest_socket_name())) == 107
     assert len(str(settings.run_dir / SUPERVISOR_SOCKET_WHILE_BINDING)) == 107
     assert len(new_socket_name(Resource.NPU_VF4)) == len(longest_socket_name())
+
+
+def test_the_startup_record_shows_every_setting():
+    fields = Settings.from_environ({"NODE_NAME": "node-a", "METRICS_PORT": "9400"}).log_fields()
+    assert fields["metricsPort"] == 9400
+    assert fields["kubeletPodResourcesSocket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert len(fields) == len(OPTIONS)

@@ -17,7 +17,7 @@ def test_staging_modules_follow_the_kubernetes_minor_and_patch():
     assert staging_version("v1.37.2") == "v0.37.2"
     assert staging_version("v1.38.0-beta.0") == "v0.38.0-beta.0"
     for bad in ("v2.1.0", "1.37.2", "v1.37", "v1.37.2 "):
-        with pytest.raises(ValueError, match="not a k8s.io/kubernetes release"):
+        with pytest.raises(ValueError, match=r"not a k8s\.io/kubernetes release"):
             staging_version(bad)
 
 

@@ -12,13 +12,13 @@ import threading
 
 import pytest
 
-from scanner.cdi import TRANSIENT_SPEC_PREFIX, remove_stale_specs
 from scanner.discovery import ScanResult, scan
+from shared.cdi_specs import TRANSIENT_SPEC_PREFIX, remove_stale_specs
+from shared.device_status import UNREADABLE, read_status
 from shared.ipc import MAX_DEVICES
 from shared.rbln_smi import CallResult, RblnSmi
 from shared.resources import Resource
 from shared.sriov import SriovError, probe_sriov, read_attribute
-from shared.status import UNREADABLE, read_status
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 

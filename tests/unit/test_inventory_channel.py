@@ -41,6 +41,8 @@ def test_late_subscriber_gets_the_snapshot_then_only_newer_updates(channel, shor
     publisher, subscribe, received = channel
     publisher.publish(message(seq=1))
     publisher.publish(message(seq=2, devices=(record(), record("rbln1", bus_id="0000:04:00.0"))))
+    # publish() only queues: the subscriber comes late once the publisher serves seq 2 itself.
+    await_snapshot_seq(short_tmp, Resource.NPU, 2)
     subscribe()
     snapshot = received.get(timeout=5)
     assert snapshot.seq == 2 and [d.device_id for d in snapshot.devices] == ["rbln0", "rbln1"]
@@ -54,6 +56,20 @@ def test_snapshot_request_before_the_first_scan_is_answered_by_it(channel):
     publisher.publish(message(seq=1, resource=Resource.NPU_VF4, devices=()))
     got = received.get(timeout=5)
     assert got.resource is Resource.NPU_VF4 and got.devices == ()
+
+
+def await_snapshot_seq(run_dir, resource, seq, timeout=5.0):
+    """Ask the publisher's snapshot socket, as a worker does, until its snapshot has sequence `seq`."""
+    _, snapshot_endpoint = ipc.endpoints(run_dir)
+    deadline = time.monotonic() + timeout
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.linger = 0
+        dealer.connect(snapshot_endpoint)
+        while time.monotonic() < deadline:
+            dealer.send_multipart([ipc.SNAPSHOT_REQUEST, ipc.topic(resource)])
+            if dealer.poll(int(timeout * 1000)) and ipc.decode(dealer.recv_multipart()[-1]).seq == seq:
+                return
+    raise AssertionError(f"the publisher never served seq {seq}")
 
 
 def publish_until_received(publisher, received, sent):
@@ -138,7 +154,6 @@ def test_junk_snapshot_requests_do_not_stop_the_publisher(channel, short_tmp):
 
 
 def test_ipc_sockets_are_owner_only(channel, short_tmp):
-    publisher, _, _ = channel
     for endpoint in ipc.endpoints(short_tmp):
         mode = stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode)
         assert mode == 0o600

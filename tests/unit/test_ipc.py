@@ -2,9 +2,9 @@ import msgpack
 import pytest
 
 from shared import ipc
+from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord, is_valid_device_id
 from shared.resources import Resource
-from shared.status import StatusReading
 
 
 def record(device_id="rbln0", **overrides):
@@ -15,7 +15,10 @@ def record(device_id="rbln0", **overrides):
     return DeviceRecord(**fields)
 
 
-def message(devices=(record(),), **overrides):
+RECORD = record()
+
+
+def message(devices=(RECORD,), **overrides):
     fields = dict(resource=Resource.NPU, epoch="e1", seq=1, scanned_at_ns=5, devices=tuple(devices))
     fields.update(overrides)
     return ipc.InventoryMessage(**fields)

@@ -1,4 +1,4 @@
-"""The log stream (shared.log) and the `logs` command (shared.logs_command), in process."""
+"""The log stream (shared.log) and the `logs` command (rbln_device_plugin.logs), in process."""
 
 import argparse
 import datetime
@@ -13,7 +13,8 @@ import grpc
 import pytest
 from loguru import logger
 
-from shared import log, logs_command
+from rbln_device_plugin import logs as logs_command
+from shared import log
 
 PROCESS = "worker-npu"
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")

@@ -1,4 +1,4 @@
-"""The original plugin's command line (shared.original_cli) and how `rbln-device-plugin` hands it over.
+"""The original plugin's command line (rbln_device_plugin.original_cli) and how `rbln-device-plugin` hands it over.
 
 The table's expectations are what the original made of each command line: its flags defined as in its
 main.go, run through Go's flag package under urfave/cli v2.25.3 (the version it pins), in a scratch
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import cli, launcher, original_cli
-from shared.original_cli import Action, UsageError, parse
+from rbln_device_plugin import cli, original_cli
+from rbln_device_plugin import run as run_command
+from rbln_device_plugin.original_cli import Action, UsageError, parse
 
 RUN, HELP, VERSION = Action.RUN, Action.HELP, Action.VERSION
 FIELDS = {"cdi-root": "cdi_root", "kubelet-device-plugin-path": "kubelet_device_plugin_path",
@@ -123,7 +124,7 @@ def test_the_flags_are_the_originals_and_the_run_command_has_them_all():
 
 def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    launcher.add_run_flags(parser)
+    run_command.add_run_flags(parser)
     return parser
 
 
@@ -140,7 +141,7 @@ def test_run_takes_the_boolean_flag_bare_or_with_a_value(flags, value):
 def started(monkeypatch):
     """What `run` would have started the stack with (the exec is not done)."""
     calls: list[argparse.Namespace] = []
-    monkeypatch.setattr(launcher, "run", calls.append)
+    monkeypatch.setattr(run_command, "run", calls.append)
     return calls
 
 
@@ -149,7 +150,7 @@ def test_no_subcommand_runs_the_stack_with_the_flags_as_run_would(started, argv)
     cli.main(argv)
     (args,) = started
     assert vars(args) == parse(argv).values
-    environ = launcher.stack_environment(args, {"CDI_ROOT": "/from-env", "HEALTHCHECK_PORT": "1"})
+    environ = run_command.stack_environment(args, {"CDI_ROOT": "/from-env", "HEALTHCHECK_PORT": "1"})
     if argv:  # flags win over the environment, as in the original
         assert (environ["CDI_ROOT"], environ["HEALTHCHECK_PORT"]) == ("/a", "9")
     else:

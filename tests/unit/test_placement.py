@@ -7,12 +7,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resource_worker.placement import (Candidate, PlacementRequestError, candidate_from_record, card_key,
-                                       preferred_allocation, score)
+from resource_worker.placement import (
+    Candidate,
+    PlacementRequestError,
+    candidate_from_record,
+    card_key,
+    preferred_allocation,
+    score,
+)
 from resource_worker.placement.pool import tables_for
+from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
 from shared.pci_path import PciPaths
-from shared.status import StatusReading
 
 # The PCI tree of the upstream README's example.
 ROOT_A, ROOT_B = "pci0000:00", "pci0000:80"

@@ -19,6 +19,7 @@ from resource_worker.placement.pool import tables_for
 from resource_worker.placement.state import RequestClasses
 from resource_worker.servicer import DevicePluginServicer
 from shared.deviceplugin.v1beta1 import api_pb2
+from shared.metrics import Recorder
 from shared.resources import Resource
 from tests.unit.test_ipc import message, record
 from tests.unit.test_placement import _instances
@@ -165,10 +166,18 @@ def test_an_answer_breaking_the_request_is_an_internal_error(monkeypatch, wrong,
         assert word in str(error.value)
 
 
+class _Context:
+    """A call's context, as far as GetPreferredAllocation uses it: its metrics are written at the call's end."""
+
+    def add_callback(self, callback) -> bool:
+        callback()
+        return True
+
+
 def _preferred(servicer, ids, size):
     request = api_pb2.PreferredAllocationRequest(container_requests=[api_pb2.ContainerPreferredAllocationRequest(
         available_deviceIDs=ids, allocation_size=size)])
-    return list(servicer.GetPreferredAllocation(request, None).container_responses[0].deviceIDs)
+    return list(servicer.GetPreferredAllocation(request, _Context()).container_responses[0].deviceIDs)
 
 
 def test_the_servicer_weighs_the_records_of_the_latest_scan():
@@ -182,7 +191,8 @@ def test_the_servicer_weighs_the_records_of_the_latest_scan():
                                      for i, sid in enumerate(sids)))
     table = DeviceTable(Resource.NPU)
     table.apply(scanned(["SN0", "SN1", "SN2", "SN3"]))
-    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None)
+    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None,
+                                    metrics=Recorder(None))
     assert _preferred(servicer, ids, 2) == ["rbln0", "rbln1"]
     assert _preferred(servicer, ids, 2) == ["rbln0", "rbln1"]
     table.apply(scanned(["SN0", "SN1", "CARD", "CARD"]))
@@ -194,16 +204,17 @@ def test_the_servicer_falls_back_to_the_kubelet_when_the_check_fires(monkeypatch
     table.apply(message(devices=tuple(record(f"rbln{i}", npu=i, bus_id=f"0000:{3 + i:02x}:00.0",
                                                           pci_path=("pci0000:00", f"0000:{3 + i:02x}:00.0"))
                                                    for i in range(4))))
-    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None)
+    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None,
+                                    metrics=Recorder(None))
     request = api_pb2.PreferredAllocationRequest(container_requests=[api_pb2.ContainerPreferredAllocationRequest(
         available_deviceIDs=["rbln0", "rbln1", "rbln2", "rbln3"], allocation_size=2)])
     records = []
     sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
     try:
-        assert list(servicer.GetPreferredAllocation(request, None).container_responses[0].deviceIDs) == \
+        assert list(servicer.GetPreferredAllocation(request, _Context()).container_responses[0].deviceIDs) == \
             ["rbln0", "rbln1"]
         _broken_search(monkeypatch, lambda ids: ids + ids)
-        assert list(servicer.GetPreferredAllocation(request, None).container_responses[0].deviceIDs) == []
+        assert list(servicer.GetPreferredAllocation(request, _Context()).container_responses[0].deviceIDs) == []
     finally:
         logger.remove(sink)
     fallbacks = [r for r in records if r["message"] == "Preferred allocation fallback to kubelet"]

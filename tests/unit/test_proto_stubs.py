@@ -4,18 +4,36 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from shared.deviceplugin.v1beta1 import api_pb2
+from shared.podresources.v1 import api_pb2 as podresources_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-STUBS = ROOT / "shared" / "deviceplugin" / "v1beta1"
+APIS = ("deviceplugin/v1beta1", "podresources/v1")
 
 
-def test_committed_stubs_match_the_proto(tmp_path):
-    subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py"), "--out", str(tmp_path)], check=True)
-    generated = sorted(p.name for p in tmp_path.iterdir())
-    assert generated == ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"]
-    for name in generated:
-        assert (tmp_path / name).read_text() == (STUBS / name).read_text(), f"{name} is stale: run protos/generate.py"
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("stubs")
+    subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py"), "--out", str(out)], check=True)
+    return out
+
+
+def test_every_api_under_protos_is_generated(generated):
+    protos = sorted(str(p.parent.relative_to(ROOT / "protos")) for p in (ROOT / "protos").rglob("*.proto"))
+    assert protos == sorted(APIS)
+    assert sorted(str(p.relative_to(generated)) for p in generated.glob("*/*")) == sorted(APIS)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_committed_stubs_match_the_proto(generated, api):
+    names = sorted(p.name for p in (generated / api).iterdir())
+    assert names == ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"]
+    for name in names:
+        committed = ROOT / "shared" / api / name
+        assert (generated / api / name).read_text() == committed.read_text(), \
+            f"{committed} is stale: run protos/generate.py"
 
 
 def test_wire_contract_field_numbers():
@@ -28,3 +46,20 @@ def test_wire_contract_field_numbers():
     assert services == {"Registration": ["Register"],
                         "DevicePlugin": ["GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation",
                                          "Allocate", "PreStartContainer"]}
+
+
+def test_pod_resources_wire_contract():
+    """What `status` reads of the kubelet's answer: /v1.PodResourcesLister/List and the fields down to the IDs."""
+    assert podresources_pb2.DESCRIPTOR.package == "v1"
+    service = podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert service.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+
+    def numbers(message):
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+    assert numbers(podresources_pb2.ListPodResourcesResponse) == {"pod_resources": 1}
+    assert numbers(podresources_pb2.PodResources) == {"name": 1, "namespace": 2, "containers": 3}
+    assert numbers(podresources_pb2.ContainerResources) == {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4,
+                                                            "dynamic_resources": 5}
+    assert numbers(podresources_pb2.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}

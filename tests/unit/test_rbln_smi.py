@@ -5,7 +5,16 @@ import time
 
 import pytest
 
-from shared.rbln_smi import RblnSmi, RblnSmiError, SmiUsage, locate, parse_listing, run_bounded
+from shared.rbln_smi import (
+    GROUP_COMMANDS,
+    RblnSmi,
+    RblnSmiError,
+    SmiCommand,
+    SmiUsage,
+    locate,
+    parse_listing,
+    run_bounded,
+)
 
 
 def tool(tmp_path: pathlib.Path, body: str) -> pathlib.Path:
@@ -116,3 +125,29 @@ def test_locate_falls_back_to_path(tmp_path, monkeypatch):
     assert locate(None, search_path=str(tmp_path)) == binary
     with pytest.raises(RblnSmiError, match="not found"):
         locate(None, search_path=str(tmp_path / "nowhere"))
+
+
+def test_every_call_is_observed_by_command_with_its_time_and_outcome(tmp_path):
+    """What the rbln-smi metrics are made of: each of the four commands, a failure, a timeout, a missing tool."""
+    flag = tmp_path / "slow"
+    seen = []
+    smi = RblnSmi(tool(tmp_path, f'[ -e {flag} ] && sleep 5; [ "$1" = group ] && [ "$2" = -d ] && exit 1; '
+                                 f'echo \'{{"devices": []}}\''), list_timeout=0.3,
+                  observe=lambda command, seconds, ok: seen.append((command, seconds, ok)))
+    smi.inventory()
+    smi.counted(SmiUsage()).groups()  # a counted copy reports to the same observer
+    with pytest.raises(RblnSmiError):
+        smi.destroy_groups([2])
+    smi.create_group(3, [0])
+    flag.touch()
+    with pytest.raises(RblnSmiError, match="timed out"):
+        smi.inventory()
+    assert [(command, ok) for command, _, ok in seen] == [
+        (SmiCommand.LIST.value, True), (SmiCommand.GROUP_LIST.value, True), (SmiCommand.GROUP_DESTROY.value, False),
+        (SmiCommand.GROUP_CREATE.value, True), (SmiCommand.LIST.value, False)]
+    assert all(0 < seconds < 0.3 for _, seconds, _ in seen[:-1]) and seen[-1][1] >= 0.3
+    seen.clear()
+    with pytest.raises(RblnSmiError, match="not an executable"):
+        RblnSmi(tmp_path / "absent", observe=lambda *call: seen.append(call)).groups()
+    assert [(command, ok) for command, _, ok in seen] == [(SmiCommand.GROUP_LIST.value, False)]
+    assert {command.value for command in GROUP_COMMANDS} == {"group-list", "group-destroy", "group-create"}

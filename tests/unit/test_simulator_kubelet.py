@@ -11,7 +11,10 @@ import grpc
 import pytest
 
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from simulator.kubelet import KubeletSimulator, is_extended_resource_name
+from shared.podresources.v1 import api_pb2 as podresources_pb2
+from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
+from simulator.kubelet import KubeletSimulator
+from simulator.registration_rules import is_extended_resource_name
 
 NPU = "rebellions.ai/npu"
 
@@ -269,7 +272,7 @@ def test_unary_calls(kubelet, start_plugin):
     preferred = kubelet.preferred_allocation(NPU, ["rbln3", "rbln1", "rbln2"], must_include=["rbln3"], size=2)
     assert list(preferred.container_responses[0].deviceIDs) == ["rbln3", "rbln1"]
     assert kubelet.options(NPU).get_preferred_allocation_available
-    with pytest.raises(LookupError, match="rebellions.ai/npu-vf4"):
+    with pytest.raises(LookupError, match=r"rebellions\.ai/npu-vf4"):
         kubelet.allocate("rebellions.ai/npu-vf4", [["rbln0-0"]])
 
 
@@ -284,3 +287,53 @@ def test_wait_for_reports_what_and_state_on_timeout(kubelet, start_plugin):
 def test_socket_path_must_fit(tmp_path):
     with pytest.raises(ValueError, match="too long"):
         KubeletSimulator(tmp_path / ("x" * 120))
+
+
+# The PodResources API
+
+
+def pod_resources(kubelet: KubeletSimulator) -> list[tuple[str, str, str, str, list[str], list[int]]]:
+    """(namespace, pod, container, resource, device IDs, NUMA nodes) as a PodResources client reads List."""
+    with grpc.insecure_channel(f"unix://{kubelet.pod_resources_socket}") as channel:
+        response = podresources_pb2_grpc.PodResourcesListerStub(channel).List(
+            podresources_pb2.ListPodResourcesRequest(), timeout=5)
+    return [(pod.namespace, pod.name, container.name, devices.resource_name, list(devices.device_ids),
+             [node.ID for node in devices.topology.nodes])
+            for pod in response.pod_resources for container in pod.containers for devices in container.devices]
+
+
+def test_pod_resources_reports_what_each_allocation_gave_whom(kubelet, start_plugin, sock_dir):
+    assert kubelet.pod_resources_socket == sock_dir / "pod-resources" / "kubelet.sock"
+    plugin = start_plugin()
+    plugin.push([device("rbln0", numa=0), device("rbln1", numa=1), device("rbln2", numa=1)])
+    register(kubelet, "plugin.sock")
+    kubelet.wait_for_devices(NPU, {"rbln0": "Healthy", "rbln1": "Healthy", "rbln2": "Healthy"})
+    assert pod_resources(kubelet) == []
+    kubelet.allocate(NPU, [["rbln0"], ["rbln1", "rbln2"]], pod="train", namespace="ml")
+    kubelet.allocate(NPU, [["rbln0"]])  # rbln0 again: its earlier pod has ended, its container keeps nothing
+    with pytest.raises(grpc.RpcError):
+        kubelet.allocate(NPU, [["bad0"]])  # refused: nobody holds it
+    assert pod_resources(kubelet) == [("ml", "train", "ctr-1", NPU, ["rbln1", "rbln2"], [1]),
+                                      ("default", "sim-pod-2", "ctr-0", NPU, ["rbln0"], [0])]
+    with grpc.insecure_channel(f"unix://{kubelet.pod_resources_socket}") as channel:
+        stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
+        train = stub.Get(podresources_pb2.GetPodResourcesRequest(pod_name="train", pod_namespace="ml"), timeout=5)
+        assert [c.name for c in train.pod_resources.containers] == ["ctr-1"]
+        with pytest.raises(grpc.RpcError):
+            stub.Get(podresources_pb2.GetPodResourcesRequest(pod_name="gone", pod_namespace="ml"), timeout=5)
+        allocatable = stub.GetAllocatableResources(podresources_pb2.AllocatableResourcesRequest(), timeout=5)
+        assert [list(d.device_ids) for d in allocatable.devices] == [["rbln0"], ["rbln1"], ["rbln2"]]
+    # Kept across a kubelet restart, as the checkpoint keeps them; gone with their pod.
+    kubelet.restart()
+    assert [entry[:3] for entry in pod_resources(kubelet)] == [("ml", "train", "ctr-1"),
+                                                                ("default", "sim-pod-2", "ctr-0")]
+    kubelet.release("train", namespace="ml")
+    assert [a.pod for a in kubelet.assignments()] == ["sim-pod-2"]
+
+
+def test_pod_resources_socket_goes_with_the_kubelet(sock_dir):
+    kubelet = KubeletSimulator(sock_dir / "dp", pod_resources_socket=sock_dir / "pr" / "podres.sock")
+    kubelet.start()
+    assert stat.S_ISSOCK(kubelet.pod_resources_socket.stat().st_mode)
+    kubelet.stop()
+    assert not kubelet.pod_resources_socket.exists()

@@ -80,8 +80,10 @@ def test_layout_and_environment(mixed):
     assert env["RBLN_RSD_LOCK_FILE"] == str(root / "rsd.lock")
     assert env["RBLN_DEVICE_PLUGIN_RUN_DIR"] == str(root / "run")
     assert env["RBLN_DEVICE_PLUGIN_LOG_DIR"] == str(root / "log") and env["HEALTHCHECK_PORT"] == "-1"
+    assert env["KUBELET_POD_RESOURCES_SOCKET"] == str(root / "pod-resources" / "kubelet.sock")
+    assert env["METRICS_PORT"] == "-1"  # no port taken: stacks of several tests may run at once
     assert env["DEVICE_SCAN_INTERVAL"] == "200ms" and mixed.env("1s")["DEVICE_SCAN_INTERVAL"] == "1s"
-    paths = {k: v for k, v in env.items() if k not in ("HEALTHCHECK_PORT", "DEVICE_SCAN_INTERVAL")}
+    paths = {k: v for k, v in env.items() if k not in ("HEALTHCHECK_PORT", "METRICS_PORT", "DEVICE_SCAN_INTERVAL")}
     assert all(v.startswith(f"{root}/") for v in paths.values())
 
 
@@ -161,7 +163,7 @@ def test_inventory_schema(mixed):
     assert [d["device"] for d in devices] == mixed.devices()
     document = json.loads(smi(mixed, "-j").stdout)
     assert isinstance(document["KMD_version"], str)
-    for entry, device in zip(devices, mixed.inventory):
+    for entry, device in zip(devices, mixed.inventory, strict=True):
         assert entry["npu"] == device.npu and entry["group_id"] == "0" and entry["status"] == "normal"
         assert entry["name"] == "RBLN-CA25" and entry["sid"] == device.sid and entry["uuid"] and entry["fw_ver"]
         assert entry["pci"]["bus_id"] == device.bus_id and entry["pci"]["numa_node"] == "0"

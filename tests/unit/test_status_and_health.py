@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from resource_worker.health import Health, HealthHistory, judge
 from shared import ipc
-from shared.status import MAX_STATUS_BYTES, UNREADABLE, StatusReading, parse_status, read_status, status_path
+from shared.device_health import Health, HealthHistory, judge
+from shared.device_status import MAX_STATUS_BYTES, UNREADABLE, StatusReading, parse_status, read_status, status_path
 from tests.unit.test_ipc import message, record
 
 HEALTHY, UNHEALTHY = Health.HEALTHY, Health.UNHEALTHY

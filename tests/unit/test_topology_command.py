@@ -10,7 +10,7 @@ from simulator.spec import NodeSpec
 
 def topology(node, *args):
     env = {"PATH": "/usr/bin:/bin", **node.env()}
-    return subprocess.run([sys.executable, "-c", "from shared.cli import main; main()", "topology", *args],
+    return subprocess.run([sys.executable, "-c", "from rbln_device_plugin.cli import main; main()", "topology", *args],
                           env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -12,6 +12,6 @@ def test_the_installed_package_takes_its_version_from_the_module():
 
 
 def test_knowing_the_version_does_not_load_the_package_metadata_machinery():
-    loaded = subprocess.run([sys.executable, "-c", "import sys, shared.version; print('importlib.metadata' in sys.modules)"],
-                            capture_output=True, text=True, check=True)
+    script = "import sys, shared.version; print('importlib.metadata' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"

@@ -11,14 +11,16 @@ import pytest
 from supervisor.xmlrpc import Faults
 
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
-from kubelet_watchdog.probes import PROGRAMS, liveness, readiness
+from kubelet_watchdog.probes import liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
-from kubelet_watchdog.supervisor_control import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from kubelet_watchdog.stack_metrics import StackView
+from rbln_device_plugin.status import build_report, render_text
 from shared.config import Settings
-from shared.process import SHUTDOWN_STATE_FAULT, fault_code
-from shared.status_command import build_report, render_text
-
-WORKERS = ("worker-npu", "worker-npu-vf1", "worker-npu-vf4")
+from shared.metrics import Recorder
+from shared.pod_resources import Holder
+from shared.programs import PROGRAMS, WORKERS
+from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 
 
 def running(**overrides):
@@ -249,10 +251,20 @@ def test_a_supervisord_that_cannot_be_asked_makes_the_stack_neither_live_nor_rea
     servers = []
     health = HealthEndpoint(0, lambda port: servers.append(RecordingHealthServer(port)) or servers[-1])
     health.set(True, True)
-    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), health)
+    views = []
+
+    class MetricsViews:
+        """The metrics endpoint, as the watchdog's checks update it."""
+
+        def update(self, view):
+            views.append(view)
+
+    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), health, MetricsViews(), Recorder(None))
     watchdog._check()
     watchdog._check()
     assert servers[0].states == [(True, True), (False, False)]
+    # No status file can be trusted either: the metrics show nothing registered and nothing ready.
+    assert views == [StackView(None, {}, ready=False)] * 2
 
 
 # The status command's report
@@ -291,6 +303,38 @@ def test_status_report_without_supervisord_claims_nothing():
     assert report["scanner"]["lastScanAgeSeconds"] is None
 
 
+def test_status_report_shows_each_device_and_the_container_holding_it():
+    programs = running()
+    workers = {"worker-npu": worker_status(programs, "worker-npu", devices={
+        "rbln0": {"health": "Healthy", "status": "READY"}, "rbln1": {"health": "Unhealthy", "status": "FAULT"}}),
+        "worker-npu-vf4": worker_status(programs, "worker-npu", devices={  # a dead instance's: not shown
+            "rbln2-0": {"health": "Healthy", "status": "READY"}})}
+    holders = {("rebellions.ai/npu", "rbln0"): [Holder("ml", "train-0", "main")],
+               ("rebellions.ai/npu-vf4", "rbln2-0"): [Holder("ml", "infer", "app")]}
+    report = build_report(programs, scanner_status(programs, npu=2), workers, 50.5, holders)
+    assert report["devices"] == [
+        {"device": "rbln0", "resource": "rebellions.ai/npu", "health": "Healthy", "status": "READY",
+         "heldBy": ["ml/train-0/main"]},
+        {"device": "rbln1", "resource": "rebellions.ai/npu", "health": "Unhealthy", "status": "FAULT",
+         "heldBy": []}]
+    assert report["podResources"] == {"error": None}
+    rows = {line.split()[0]: line.split()[1:] for line in render_text(report).splitlines() if line.strip()}
+    assert rows["DEVICE"] == ["RESOURCE", "HEALTH", "STATUS", "HELD", "BY"]
+    assert rows["rbln0"] == ["rebellions.ai/npu", "Healthy", "READY", "ml/train-0/main"]
+    assert rows["rbln1"] == ["rebellions.ai/npu", "Unhealthy", "FAULT", "-"]
+
+
+def test_status_report_without_the_kubelet_shows_holders_unknown():
+    programs = running()
+    workers = {"worker-npu": worker_status(programs, "worker-npu", devices={
+        "rbln0": {"health": "Healthy", "status": "READY"}})}
+    report = build_report(programs, None, workers, 50.5, None, "no socket at /var/lib/kubelet/pod-resources/x")
+    assert report["devices"][0]["heldBy"] is None
+    text = render_text(report)
+    assert [line.split()[-1] for line in text.splitlines() if line.startswith("rbln0")] == ["unknown"]
+    assert "held by: unknown; the kubelet's PodResources API cannot be asked: no socket at" in text
+
+
 # Shutdown signals
 
 
@@ -305,7 +349,7 @@ def test_the_stopping_supervisord_is_recognised_by_its_fault():
 _SIGNAL_SCRIPT = """
 import select, sys
 from shared import log
-from shared.process import ShutdownSignal
+from shared.process_lifecycle import ShutdownSignal
 log.setup("test", {"RBLN_DEVICE_PLUGIN_LOG_DIR": ""})
 shutdown = ShutdownSignal({}).install()
 heard = []

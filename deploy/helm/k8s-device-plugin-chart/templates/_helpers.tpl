@@ -114,6 +114,11 @@ fails on a new read-write one.
   type: DirectoryOrCreate
   mountPath: {{ .Values.devicePlugin.kubeletDevicePluginPath | quote }}
   readOnly: false
+- name: kubelet-pod-resources
+  hostPath: {{ dir $paths.kubeletPodResourcesSocket | quote }}
+  type: DirectoryOrCreate
+  mountPath: {{ dir $paths.kubeletPodResourcesSocket | quote }}
+  readOnly: true
 - name: cdi-root
   hostPath: {{ .Values.devicePlugin.cdiRoot | quote }}
   type: DirectoryOrCreate
@@ -188,4 +193,11 @@ as /run: it is a symlink to /run in the image, so a mount at /var/run covers /ru
 {{- $ordered = append $ordered (get $byKey .) -}}
 {{- end -}}
 {{- toYaml $ordered -}}
+{{- end -}}
+
+{{/*
+The metrics port (devicePlugin.containers.plugin.metricsPort); negative: the endpoint is off.
+*/}}
+{{- define "rbln-device-plugin.metricsPort" -}}
+{{- int .Values.devicePlugin.containers.plugin.metricsPort -}}
 {{- end -}}

@@ -11,10 +11,12 @@ import os
 import pathlib
 import sys
 from collections.abc import Mapping
+from typing import Any
 
-from shared import supervisor_rpc
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
+from shared.metrics import reset_metrics_dir
 from shared.safe_open import ensure_private_dir
+from shared.supervisord import transport
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
 # Every file the stack creates (log files on a hostPath among them) is private to root and its group.
@@ -24,7 +26,8 @@ STACK_UMASK = 0o027
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         if option.flag:
-            bare = {"nargs": "?", "const": "true"} if option.boolean else {}
+            # A boolean flag may stand alone, meaning true.
+            bare: dict[str, Any] = {"nargs": "?", "const": "true"} if option.boolean else {}
             parser.add_argument(option.flag, dest=option.field, metavar=option.env, **bare,
                                 help=f"{option.help} (env {option.env}, default {option.default or 'empty'})")
 
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> None:
     os.umask(STACK_UMASK)
     try:
         ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
-        supervisor_rpc.write_credentials(settings.run_dir)
+        transport.write_credentials(settings.run_dir)
+        reset_metrics_dir(settings.run_dir, enabled=settings.metrics_port >= 0)
     except OSError as exc:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

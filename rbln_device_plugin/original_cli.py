@@ -13,7 +13,7 @@ what `rbln-device-plugin run` does, and its flags are read as Go's flag package 
   stderr; they are boolean flags too, so `-help=false` is no help), and a flag the original did not
   have is an error.
 
-All of that is here, apart from `shared/cli.py`, which only hands such a command line over.
+All of that is here, apart from `rbln_device_plugin/cli.py`, which only hands such a command line over.
 """
 
 from __future__ import annotations
@@ -114,6 +114,6 @@ def run_command_line(argv: Sequence[str], build_parser: Callable[[], argparse.Ar
     if line.action is not Action.RUN:
         # The parser's own help and version (they go to stderr), so both command lines show the same.
         build_parser().parse_args([f"--{line.action.value}"])
-    from shared.launcher import run
+    from rbln_device_plugin.run import run
 
     run(argparse.Namespace(**line.values))

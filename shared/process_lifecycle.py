@@ -10,12 +10,12 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import NoReturn
-from xml.etree import ElementTree
 
 from loguru import logger
 
-from shared import log, supervisor_rpc
+from shared import log
 from shared.config import ConfigError, Settings
+from shared.supervisord import transport
 from shared.version import VERSION
 
 # Termination requests a process honours. SIGHUP too: nothing in the stack reloads
@@ -23,10 +23,6 @@ from shared.version import VERSION
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 # A local XML-RPC question and a few kill() calls; never hold up an exit for longer.
 _TELL_STACK_SECONDS = 2.0
-# supervisor.xmlrpc.Faults.SHUTDOWN_STATE: supervisord's answer to any request while it stops every program.
-SHUTDOWN_STATE_FAULT = 6
-# Written out rather than built by xmlrpc.client, whose imports would cost every process some 20 ms.
-_GET_STATE = b"<?xml version='1.0'?><methodCall><methodName>supervisor.getState</methodName></methodCall>"
 
 
 def start_process(process: str, environ: Mapping[str, str] | None = None, **startup_fields) -> Settings:
@@ -80,7 +76,7 @@ class ShutdownSignal:
         self._stack_told.set()
         self.signal_name: str | None = None
 
-    def install(self) -> "ShutdownSignal":
+    def install(self) -> ShutdownSignal:
         """Handle SHUTDOWN_SIGNALS from now on (call from the main thread)."""
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
@@ -174,23 +170,6 @@ def _children(parent: int) -> list[int]:
     return children
 
 
-def _ask_supervisord(url: str) -> supervisor_rpc.Reply | None:
-    """supervisord's answer to supervisor.getState on its socket at `url`; None if it gives none in time."""
-    try:
-        return supervisor_rpc.exchange(pathlib.Path(url.removeprefix("unix://")).parent, _GET_STATE,
-                                       timeout=_TELL_STACK_SECONDS)
-    except OSError:
-        return None
-
-
-def fault_code(response: bytes) -> int | None:
-    """The faultCode of an XML-RPC fault response; None for any other answer."""
-    try:
-        return int(ElementTree.fromstring(response).findtext("fault/value/struct/member[name='faultCode']/value/*"))
-    except (ElementTree.ParseError, TypeError, ValueError):
-        return None
-
-
 def stop_with_the_stack(environ: Mapping[str, str]) -> None:
     """When supervisord is stopping every program, make the stop quick and final.
 
@@ -207,11 +186,10 @@ def stop_with_the_stack(environ: Mapping[str, str]) -> None:
     """
     if "SUPERVISOR_SERVER_URL" not in environ:
         return  # not a program of supervisord
-    answer = _ask_supervisord(environ["SUPERVISOR_SERVER_URL"])
+    run_dir = pathlib.Path(environ["SUPERVISOR_SERVER_URL"].removeprefix("unix://")).parent
     supervisord = os.getppid()
-    # Only our own parent, proven by the socket it answers on, never whatever adopted an orphan; and
-    # only while it stops everything: it then refuses every request, and answers a partial stop normally.
-    if answer is None or answer.peer_pid != supervisord or fault_code(answer.body) != SHUTDOWN_STATE_FAULT:
+    # Only our own parent, proven by the socket it answers on, never whatever adopted an orphan.
+    if transport.stopping_supervisord(run_dir, _TELL_STACK_SECONDS) != supervisord:
         return
     os.kill(supervisord, signal.SIGTERM)
     for sibling in _children(supervisord):

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kubelet_watchdog.supervisor_control import SupervisorError, connect
-from shared import supervisor_rpc
-from shared.supervisor_rpc import SupervisorUnreachable, exchange
+from shared.supervisord import transport
+from shared.supervisord.client import SupervisorError, connect
+from shared.supervisord.transport import SupervisorUnreachable, exchange
 
 STATE_REPLY = xmlrpc.client.dumps(({"statecode": 1, "statename": "RUNNING"},), methodresponse=True).encode()
 
@@ -33,7 +33,7 @@ def stand_in(run_dir, behave: Callable[[socket.socket, bytes], None]) -> Iterato
     requests: list[bytes] = []
     stopped = threading.Event()
     with socket.socket(socket.AF_UNIX) as listener:
-        listener.bind(str(supervisor_rpc.socket_path(run_dir)))
+        listener.bind(str(transport.socket_path(run_dir)))
         listener.listen()
         listener.settimeout(0.1)
 
@@ -41,7 +41,7 @@ def stand_in(run_dir, behave: Callable[[socket.socket, bytes], None]) -> Iterato
             while not stopped.is_set():
                 try:
                     connection, _ = listener.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 with connection:
                     connection.settimeout(5)
@@ -62,33 +62,33 @@ def stand_in(run_dir, behave: Callable[[socket.socket, bytes], None]) -> Iterato
 @pytest.fixture
 def run_dir(short_tmp):
     short_tmp.chmod(0o700)
-    supervisor_rpc.write_credentials(short_tmp)
+    transport.write_credentials(short_tmp)
     return short_tmp
 
 
 def password(run_dir) -> str:
-    return (run_dir / supervisor_rpc.CREDENTIALS_FILE).read_text().split("password=")[1].strip()
+    return (run_dir / transport.CREDENTIALS_FILE).read_text().split("password=")[1].strip()
 
 
 def test_a_request_carries_the_credentials_of_the_run_dir_and_the_peer_is_known(run_dir):
     with stand_in(run_dir, lambda connection, _: connection.sendall(http_reply(STATE_REPLY))) as requests:
         reply = exchange(run_dir, b"<methodCall/>")
     assert (reply.status, reply.body, reply.peer_pid) == (200, STATE_REPLY, os.getpid())
-    token = base64.b64encode(f"{supervisor_rpc.USERNAME}:{password(run_dir)}".encode())
+    token = base64.b64encode(f"{transport.USERNAME}:{password(run_dir)}".encode())
     assert b"Authorization: Basic " + token + b"\r\n" in requests[0]
     assert requests[0].endswith(b"\r\n\r\n<methodCall/>")
 
 
 def test_every_start_writes_a_new_private_password(run_dir):
     first = password(run_dir)
-    supervisor_rpc.write_credentials(run_dir)
+    transport.write_credentials(run_dir)
     assert password(run_dir) != first and len(first) == 64
-    assert (run_dir / supervisor_rpc.CREDENTIALS_FILE).stat().st_mode & 0o777 == 0o600
+    assert (run_dir / transport.CREDENTIALS_FILE).stat().st_mode & 0o777 == 0o600
 
 
 def test_a_supervisord_that_never_answers_costs_one_timeout(run_dir):
     with stand_in(run_dir, lambda connection, _: time.sleep(3)):
-        with pytest.raises(SupervisorUnreachable, match="did not answer within 0.3s"):
+        with pytest.raises(SupervisorUnreachable, match=r"did not answer within 0\.3s"):
             exchange(run_dir, b"<methodCall/>", timeout=0.3)
 
 
@@ -100,7 +100,7 @@ def test_a_reply_that_trickles_in_is_cut_off_at_the_deadline_not_per_read(run_di
             time.sleep(0.05)
 
     with stand_in(run_dir, trickle):
-        with pytest.raises(SupervisorUnreachable, match="did not answer within 0.5s"):
+        with pytest.raises(SupervisorUnreachable, match=r"did not answer within 0\.5s"):
             exchange(run_dir, b"<methodCall/>", timeout=0.5)
 
 
@@ -112,7 +112,7 @@ def test_a_reply_larger_than_the_cap_is_refused(run_dir):
 
 @pytest.mark.parametrize("damage", ["missing", "readable by others", "a link"])
 def test_credentials_that_are_not_the_stack_s_are_not_used(run_dir, damage):
-    credentials = run_dir / supervisor_rpc.CREDENTIALS_FILE
+    credentials = run_dir / transport.CREDENTIALS_FILE
     if damage == "missing":
         credentials.unlink()
     elif damage == "readable by others":

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
-from kubelet_watchdog.probes import PROGRAMS
 from shared import log
 from shared.durations import parse_duration
+from shared.programs import PROGRAMS
 
 FOLLOW_POLL_SECONDS = 0.2
 
@@ -112,7 +112,8 @@ def follow(path: pathlib.Path, stopped: Callable[[float], bool]) -> Iterator[str
     try:
         while True:
             if handle is None and path.is_file():
-                handle = open(path, encoding="utf-8", errors="replace")
+                # Not a `with`: the handle lives across yields and is closed at rotation or in `finally`.
+                handle = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
             if handle is not None:
                 lines, pending = _complete_lines(handle, pending)
                 yield from lines

@@ -9,7 +9,12 @@ import shutil
 import sys
 import tempfile
 import textwrap
+import time
+import urllib.request
+from collections.abc import Callable
 
+from rbln_device_plugin import status
+from shared.metrics import PATH
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimDevice, SimulatedNode, build_node
@@ -18,6 +23,10 @@ from simulator.stack import StackProcess
 
 DEFAULT_NODE = "2,1:vf1,1:vf4"
 START_TIMEOUT = 60.0
+# The watchdog refreshes the state metrics every 2 s.
+METRICS_TIMEOUT = 10.0
+_SHOWN_FAMILIES = ("rbln_device_plugin_registered", "rbln_device_plugin_devices{",
+                   "rbln_device_plugin_allocations_total")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +82,29 @@ def _sample_allocation(kubelet: KubeletSimulator, node: SimulatedNode, resource:
         print(f"      annotation {key}: {value}")
 
 
+def _changed_since(seen: str) -> Callable[[KubeletSimulator], bool]:
+    return lambda kubelet: kubelet.describe() != seen
+
+
+def _metrics_page(port: int, expected: dict[str, list[str]]) -> str:
+    """The stack's /metrics, once it shows every expected resource registered."""
+    deadline = time.monotonic() + METRICS_TIMEOUT
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{PATH}", timeout=5) as answer:
+            page = answer.read().decode()
+        if all(f'rbln_device_plugin_registered{{resource="{name}"}} 1.0' in page for name in expected) \
+                or time.monotonic() > deadline:
+            return page
+        time.sleep(0.5)
+
+
+def _show_metrics(port: int, expected: dict[str, list[str]]) -> None:
+    print(f"Prometheus metrics of the whole stack on http://127.0.0.1:{port}{PATH}, among them:")
+    for line in _metrics_page(port, expected).splitlines():
+        if line.startswith(_SHOWN_FAMILIES):
+            print(f"  {line}")
+
+
 def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
     expected = expected_resources(node)
     print(f"Simulated node in {node.root}:")
@@ -80,8 +112,9 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
         if not device.is_vf:
             mode = "plain" if device.num_vfs == 0 else f"{device.num_vfs} VFs"
             print(f"  {device.device} PCI {device.bus_id} NUMA {device.numa_node} ({mode})")
+    # Metrics on a free port, so that the demo never collides with a plugin running on this machine.
     with KubeletSimulator(node.plugin_dir) as kubelet, \
-            StackProcess({**os.environ, **node.env(args.scan_interval)}) as stack:
+            StackProcess({**os.environ, **node.env(args.scan_interval), "METRICS_PORT": "0"}) as stack:
         print(f"Stack started (supervisord pid {stack.pid}); waiting for {', '.join(sorted(expected))} ...")
         kubelet.wait_for(lambda k: all(r in k.resources() and k.resources()[r].connected and
                                        sorted(k.resources()[r].devices) == sorted(ids)
@@ -95,12 +128,16 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
         groups = {gid: npus for gid, npus in node.rsd_groups().items() if gid != 0}
         print("RSD groups made by the stack (group -> npu indices): "
               + (", ".join(f"{gid} -> {npus}" for gid, npus in sorted(groups.items())) or "none"))
+        report, _ = status.gather(node.run_dir, node.pod_resources_socket)
+        print("rbln-device-plugin status (which pod holds which device comes from the kubelet's PodResources API):")
+        print(textwrap.indent(status.render_text(report), "  "))
+        _show_metrics(stack.wait_for_record("Metrics endpoint listening")[0]["port"], expected)
         if args.watch:
             print("Watching; change files under the node (e.g. echo 4 > "
                   f"{node.status_file(node.inventory[0].device)}) and press Ctrl-C to stop.")
             seen = kubelet.describe()
             while True:
-                kubelet.wait_for(lambda k: k.describe() != seen, 3600, "a change")
+                kubelet.wait_for(_changed_since(seen), 3600, "a change")
                 seen = kubelet.describe()
                 print(textwrap.indent(seen, "  "))
         code = stack.stop()

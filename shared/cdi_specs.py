@@ -11,7 +11,7 @@ TRANSIENT_SPEC_PREFIX = "rebellions.ai-npu_"
 
 def remove_stale_specs(cdi_root: pathlib.Path) -> list[pathlib.Path]:
     """Delete `rebellions.ai-npu_*` files in the CDI root; a missing root is fine. Returns what was removed."""
-    removed = []
+    removed: list[pathlib.Path] = []
     try:
         candidates = [p for p in cdi_root.iterdir() if p.name.startswith(TRANSIENT_SPEC_PREFIX)]
     except FileNotFoundError:

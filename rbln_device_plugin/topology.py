@@ -13,11 +13,10 @@ import json
 import sys
 from typing import Any
 
-from resource_worker.health import judge
-from resource_worker.placement import card_key
 from scanner.discovery import scan
 from shared.config import ConfigError, Settings
-from shared.inventory import DeviceRecord
+from shared.device_health import judge
+from shared.inventory import DeviceRecord, card_key
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
 

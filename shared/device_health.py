@@ -1,4 +1,4 @@
-"""Health policy and history: which devices the kubelet may hand out.
+"""Health policy and history: which devices the kubelet may hand out (docs/node.md#driver-status).
 
 The verdict rests on the last status that could actually be read:
 - READY is Healthy, and is the only reading that clears a fault;
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from shared.status import UNREADABLE, StatusReading
+from shared.device_status import UNREADABLE, StatusReading
 
 
 class Health(enum.Enum):

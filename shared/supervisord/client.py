@@ -1,4 +1,7 @@
-"""The watchdog's hold on supervisord over XML-RPC (shared/supervisor_rpc.py): states, restarts, shutdown."""
+"""supervisord's programs over XML-RPC, on the bounded transport: states, restarts, shutdown.
+
+Used by the watchdog (restarts, shutdown, the probes' program states) and by `rbln-device-plugin status`.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from xml.parsers.expat import ExpatError
 
 from supervisor.xmlrpc import Faults
 
-from shared import supervisor_rpc
+from shared.supervisord import transport
 
 # Longer than supervisor.conf's stopwaitsecs, after which supervisord kills a program that will not stop.
 STOP_TIMEOUT = 6.0
@@ -45,9 +48,9 @@ class _Transport(xmlrpc.client.Transport):
         self._timeout = timeout
 
     def request(self, host, handler, request_body, verbose=False):
-        reply = supervisor_rpc.exchange(self._run_dir, request_body, self._timeout)
+        reply = transport.exchange(self._run_dir, request_body, self._timeout)
         if reply.status != 200:
-            raise xmlrpc.client.ProtocolError(f"{supervisor_rpc.socket_path(self._run_dir)}{handler}",
+            raise xmlrpc.client.ProtocolError(f"{transport.socket_path(self._run_dir)}{handler}",
                                               reply.status, "supervisord refused the request", {})
         parser, unmarshaller = self.getparser()
         try:
@@ -58,12 +61,12 @@ class _Transport(xmlrpc.client.Transport):
         return unmarshaller.close()
 
 
-def server_proxy(run_dir: pathlib.Path, timeout: float = supervisor_rpc.CALL_TIMEOUT) -> xmlrpc.client.ServerProxy:
+def server_proxy(run_dir: pathlib.Path, timeout: float = transport.CALL_TIMEOUT) -> xmlrpc.client.ServerProxy:
     """An XML-RPC proxy of supervisord in the stack's `run_dir` (its `supervisor` and `system` namespaces)."""
     return xmlrpc.client.ServerProxy("http://localhost/RPC2", transport=_Transport(run_dir, timeout))
 
 
-def connect(run_dir: pathlib.Path) -> "Supervisor":
+def connect(run_dir: pathlib.Path) -> Supervisor:
     """A Supervisor talking to supervisord in the stack's `run_dir` (connects at each call)."""
     return Supervisor(server_proxy(run_dir))
 

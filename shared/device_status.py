@@ -1,4 +1,5 @@
-"""The driver's device lifecycle status, as read from sysfs: one enum, one parser, one reader.
+"""The driver's device lifecycle status, as read from sysfs: one enum, one parser, one reader
+(docs/node.md#driver-status).
 
 `$SYSFS_ROOT/class/rebellions/<device>/status` holds an integer. A file that is
 missing, unreadable or malformed gives an UNREADABLE reading: that is not a

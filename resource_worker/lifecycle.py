@@ -1,0 +1,307 @@
+"""A worker's lifecycle: keep one resource's plugin served and registered with the kubelet while it has devices.
+
+One thread (`Worker.run`) moves the resource towards "served and registered" one `step` at a time. Everything
+a step reaches out to is handed in, so each transition can be driven and checked on its own: the plugin
+server (a factory, since every instance is a new server on a socket of its own) with its Register call and
+stream tracker, the look at the kubelet's socket, the clock, and the run dir of the status file.
+
+An instance registers with one kubelet only. When the kubelet it registered with is replaced (kubelet.sock
+has another identity), the watchdog restarts the worker, so that the new kubelet meets a new instance with
+no health history; the worker leaves that registration to its successor rather than making one the restart
+would undo, and makes it itself only if no restart comes within HANDOVER_SECONDS.
+What the kubelet sees of it is in docs/kubelet.md#registration.
+"""
+
+from __future__ import annotations
+
+import enum
+import pathlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from loguru import logger
+
+from resource_worker.device_table import DeviceTable, counts
+from shared import process_status
+from shared.ipc import InventoryMessage
+from shared.plugin_socket import SocketIdentity, socket_identity
+from shared.resources import Resource
+
+# How often a serving worker checks its socket even when nothing signals: it may vanish silently.
+IDLE_CHECK_SECONDS = 1.0
+# A worker without devices has nothing to check: only an inventory or shutdown can give it work.
+UNTIL_SIGNALLED = None
+BACKOFF_START = 0.2
+BACKOFF_MAX = 5.0
+# How long a worker whose kubelet was replaced waits for the watchdog's restart before it registers with the new
+# kubelet itself (the watchdog notices a new kubelet.sock at once, and a restart takes about a second).
+HANDOVER_SECONDS = 5.0
+
+
+class RegistrationError(RuntimeError):
+    """The kubelet refused the registration, or could not be asked; the message says which."""
+
+
+class PendingRegistration(Protocol):
+    """One Register call in flight (resource_worker.registration.Registration)."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> None:
+        """Returns once the kubelet accepted; RegistrationError otherwise."""
+
+    def cancel(self) -> None: ...
+
+
+class StreamCount(Protocol):
+    """The instance's ListAndWatch streams (resource_worker.streams.StreamTracker)."""
+
+    @property
+    def open_streams(self) -> int: ...
+
+    def take_dropped(self) -> bool:
+        """True, once, when the kubelet ended a stream and none is open now."""
+
+
+class PluginInstance(Protocol):
+    """One instance of the resource's plugin (resource_worker.plugin_server.PluginServer)."""
+
+    socket_name: str
+
+    @property
+    def streams(self) -> StreamCount: ...
+
+    @property
+    def socket_exists(self) -> bool: ...
+
+    def serve(self) -> None: ...
+
+    def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> PendingRegistration: ...
+
+    def log_registered(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+PluginFactory = Callable[[Callable[[], None]], PluginInstance]
+"""Makes a new instance; the callable it is given is to be called whenever the instance's streams change."""
+
+
+class Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class Backoff:
+    """The pause before the next registration attempt: doubling from `start` up to `cap`, reset on success."""
+
+    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_MAX) -> None:
+        self._start = start
+        self._cap = cap
+        self.delay = start
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(self.delay * 2, self._cap)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self._start
+
+
+class Phase(enum.Enum):
+    """Where the serving instance stands with the kubelet."""
+
+    UNREGISTERED = "unregistered"
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+
+
+class Worker:
+    """The lifecycle loop: one thread moves the resource towards "served and registered" step by step.
+
+    Everything that can change what the next step is (an inventory, a stream
+    opening or ending, a Register answer, shutdown) sets `_attention`; the loop
+    never blocks on the kubelet, so it notices each of them at once.
+    """
+
+    def __init__(self, resource: Resource, table: DeviceTable, new_plugin: PluginFactory,
+                 kubelet_socket: pathlib.Path, run_dir: pathlib.Path, shutdown: Flag,
+                 kubelet_identity: Callable[[], SocketIdentity | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self._resource = resource
+        self.table = table
+        self._new_plugin = new_plugin
+        self._kubelet_socket = kubelet_socket
+        self._kubelet_identity = kubelet_identity or (lambda: socket_identity(kubelet_socket))
+        self._run_dir = run_dir
+        self._shutdown = shutdown
+        self._clock = clock
+        # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, shutdown.
+        self._attention = threading.Event()
+        # The fields below belong to the lifecycle loop's thread.
+        self._server: PluginInstance | None = None
+        self._phase = Phase.UNREGISTERED
+        self._registration: PendingRegistration | None = None
+        self._registering_with: SocketIdentity | None = None  # the kubelet.sock the call in flight went to
+        self._registered_with: SocketIdentity | None = None  # the kubelet.sock of the last accepted Register
+        self._handover_deadline: float | None = None  # set while waiting for the watchdog's restart
+        self._retry_at = 0.0
+        self._waiting_for: str | None = None  # the reason for not being registered last logged
+        self._backoff = Backoff()
+        self._reported: dict[str, Any] | None = None
+        # Set by the subscriber thread: when the scan behind the current inventory ran (CLOCK_MONOTONIC, s).
+        self._scanned_at: float | None = None
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def on_inventory(self, message: InventoryMessage) -> None:
+        """Take a scanner snapshot (called from the subscriber's thread)."""
+        self.table.apply(message)
+        self._scanned_at = message.scanned_at_ns / 1e9
+        self._attention.set()
+
+    def wake(self) -> None:
+        self._attention.set()
+
+    def run(self) -> None:
+        while not self._shutdown.is_set():
+            timeout = self.step()
+            self._attention.wait(timeout)
+            self._attention.clear()
+        if self._server is not None:
+            self._stop_serving()
+        process_status.remove_status(self._run_dir, self._resource.process_name)
+
+    def step(self) -> float | None:
+        """One step towards the desired state, then the status file brought up to date; returns how long to
+        wait before the next step (None: until something calls `wake`)."""
+        timeout = self._step()
+        self._report()
+        return timeout
+
+    def _report(self) -> None:
+        """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
+        devices = self.table.devices()
+        status = {"resource": self._resource.value, "registered": self._phase is Phase.REGISTERED,
+                  "streams": self._server.streams.open_streams if self._server else 0,
+                  "endpoint": self._server.socket_name if self._server else None,
+                  "scannedAt": self._scanned_at, **counts(devices),
+                  "devices": {d.device_id: {"health": d.health.health.value, "status": d.health.status.name}
+                              for d in devices}}
+        if status != self._reported:
+            process_status.write_status(self._run_dir, self._resource.process_name, status)
+            self._reported = status
+
+    def _step(self) -> float | None:
+        if not (self.table.synced and self.table.devices()):
+            if self._server is not None:
+                self._stop_serving()
+                # A later instance for this resource starts with no health history.
+                self.table.forget_history()
+                logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
+            return UNTIL_SIGNALLED
+        # A kubelet restart removes the socket and ends the stream too; then the handover below says what happens.
+        if self._server is not None and not self._server.socket_exists:
+            if not self._kubelet_replaced():
+                logger.warning("Device plugin socket was removed; serving on a new one",
+                               resourceName=self._resource.value, endpoint=self._server.socket_name)
+            self._stop_serving()
+        if self._server is not None and self._phase is Phase.REGISTERED and self._server.streams.take_dropped():
+            if not self._kubelet_replaced():
+                logger.warning("Kubelet ended the device list stream; registering again",
+                               resourceName=self._resource.value)
+            self._phase = Phase.UNREGISTERED
+        if self._phase is Phase.UNREGISTERED:
+            handover = self._await_replacement()
+            if handover is not None:
+                return handover
+        if self._server is None:
+            self._server = self._new_plugin(self.wake)
+            self._server.serve()
+        if self._phase is Phase.REGISTERING:
+            return self._finish_registration(self._server)
+        if self._phase is Phase.UNREGISTERED:
+            return self._register(self._server)
+        return IDLE_CHECK_SECONDS
+
+    def _register(self, server: PluginInstance) -> float:
+        now = self._clock()
+        if now < self._retry_at:
+            return self._retry_at - now
+        kubelet = self._kubelet_identity()
+        if kubelet is None:
+            self._log_wait("INFO", "Waiting for the kubelet socket", path=str(self._kubelet_socket))
+            return self._retry_later(now)
+        self._registering_with = kubelet
+        self._registration = server.register(self._kubelet_socket, self.wake)
+        self._phase = Phase.REGISTERING
+        return IDLE_CHECK_SECONDS
+
+    def _finish_registration(self, server: PluginInstance) -> float:
+        registration = self._registration
+        assert registration is not None, "REGISTERING without a call in flight"
+        if not registration.done():
+            return IDLE_CHECK_SECONDS
+        self._registration = None
+        try:
+            registration.result()
+        except RegistrationError as exc:
+            self._log_wait("WARNING", "Registration with kubelet failed; retrying", err=str(exc))
+            self._phase = Phase.UNREGISTERED
+            return self._retry_later(self._clock())
+        self._phase = Phase.REGISTERED
+        self._registered_with = self._registering_with
+        self._waiting_for = None
+        self._backoff.reset()
+        server.log_registered()
+        return IDLE_CHECK_SECONDS
+
+    def _await_replacement(self) -> float | None:
+        """While the kubelet this instance registered with has been replaced, not serving and waiting for the
+        watchdog's restart: the time left to wait; None once there is nothing to wait for."""
+        if not self._kubelet_replaced():
+            return None
+        now = self._clock()
+        if self._handover_deadline is None:
+            self._handover_deadline = now + HANDOVER_SECONDS
+            logger.info("Kubelet restarted; waiting for the watchdog to restart this worker",
+                        resourceName=self._resource.value)
+            if self._server is not None:
+                self._stop_serving()
+        if now < self._handover_deadline:
+            return self._handover_deadline - now
+        logger.warning("No restart came after the kubelet restarted; registering with the new kubelet",
+                       resourceName=self._resource.value)
+        self._registered_with = self._handover_deadline = None
+        return None
+
+    def _kubelet_replaced(self) -> bool:
+        return self._registered_with is not None and self._kubelet_identity() != self._registered_with
+
+    def _log_wait(self, level: str, message: str, **fields: Any) -> None:
+        """Say why the worker is not registered yet, once per reason; retries for the same reason log at debug."""
+        logger.log(level if message != self._waiting_for else "DEBUG", message, resourceName=self._resource.value,
+                   **fields)
+        self._waiting_for = message
+
+    def _retry_later(self, now: float) -> float:
+        delay = self._backoff.next()
+        self._retry_at = now + delay
+        return delay
+
+    def _stop_serving(self) -> None:
+        assert self._server is not None
+        if self._registration is not None:
+            self._registration.cancel()
+            self._registration = None
+        self._server.stop()
+        self._server = None
+        self._phase = Phase.UNREGISTERED

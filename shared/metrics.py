@@ -1,0 +1,258 @@
+"""What the stack measures for Prometheus: every metric family, and how a process records its events
+(the families as operators see them: docs/metrics.md).
+
+There are two kinds of family, told apart by where their values live:
+
+- Event families (counters and histograms) are recorded by the process where the event happens: the
+  scanner's scans and `rbln-smi` calls, a worker's allocations and group changes, the watchdog's kubelet
+  restarts. Each process writes them into memory-mapped files of its own in the metrics directory of the
+  run dir (prometheus_client's multiprocess mode: a write is a store into shared memory, no system call),
+  and the process serving `/metrics` adds up every process's files at each scrape. A process that died
+  still counts: its events happened.
+- State families (gauges) say how the stack is now: the devices, their health and status, the
+  registrations. The serving process derives them at each scrape from the status files the processes keep
+  for the probes, each one trusted only while the process that wrote it runs. They are not kept in the
+  mapped files because those cannot forget a label set: a device that left FAULT would keep a FAULT series,
+  and a killed worker's `registered` would linger beside its successor's.
+
+Labels stay few-valued: resource, device, status, health, result, command.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import os
+import pathlib
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from shared.config import RUN_DIR_ENV
+from shared.safe_open import ensure_private_dir
+
+# prometheus_client reads it when it is first imported, to decide where values live.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+METRICS_DIR_NAME = "metrics"
+PATH = "/metrics"
+
+
+class Kind(enum.Enum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    """As exposed: a counter's name ends in _total, a duration's in _seconds."""
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+class Result(enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+# An Allocate spends most of its time in rbln-smi and may wait up to 30 s for the RSD lock.
+_ALLOCATE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Placement answers within milliseconds; its goal is 5 ms at p99 and 25 ms at worst.
+_PLACEMENT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# rbln-smi calls are bounded by 5 s (listings) and 10 s (group changes).
+_TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Event families.
+ALLOCATIONS = Family("rbln_device_plugin_allocations_total", Kind.COUNTER,
+                     "Container requests of Allocate calls answered, by result (a failed call fails all its "
+                     "containers)",
+                     ("resource", "result"))
+ALLOCATE_DURATION = Family("rbln_device_plugin_allocate_duration_seconds", Kind.HISTOGRAM,
+                           "Time from the start of an Allocate call until each of its containers was ready or the "
+                           "call failed", ("resource",), _ALLOCATE_BUCKETS)
+PREFERRED_ALLOCATION_DURATION = Family("rbln_device_plugin_preferred_allocation_duration_seconds", Kind.HISTOGRAM,
+                                       "Time of a GetPreferredAllocation call", ("resource",), _PLACEMENT_BUCKETS)
+PREFERRED_ALLOCATION_FALLBACKS = Family("rbln_device_plugin_preferred_allocation_fallbacks_total", Kind.COUNTER,
+                                        "Container requests GetPreferredAllocation left to the kubelet's choice",
+                                        ("resource",))
+RBLN_SMI_DURATION = Family("rbln_device_plugin_rbln_smi_duration_seconds", Kind.HISTOGRAM,
+                           "Time of an rbln-smi call, start to exit, failed ones included", ("command",),
+                           _TOOL_BUCKETS)
+RBLN_SMI_FAILURES = Family("rbln_device_plugin_rbln_smi_failures_total", Kind.COUNTER,
+                           "rbln-smi calls that could not run, timed out or exited non-zero", ("command",))
+SCAN_DURATION = Family("rbln_device_plugin_scan_duration_seconds", Kind.HISTOGRAM,
+                       "Time of one scan of the node (rbln-smi and sysfs)", (), _TOOL_BUCKETS)
+KUBELET_RESTARTS = Family("rbln_device_plugin_kubelet_restarts_total", Kind.COUNTER,
+                          "Kubelet restarts noticed (kubelet.sock created anew), each followed by new registrations")
+EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
+                  RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS)
+
+# State families.
+DEVICES = Family("rbln_device_plugin_devices", Kind.GAUGE,
+                 "Devices advertised to the kubelet, by health", ("resource", "health"))
+DEVICE_STATUS = Family("rbln_device_plugin_device_status", Kind.GAUGE,
+                       "1 for each device's current driver status; no series for the other statuses",
+                       ("resource", "device", "status"))
+REGISTERED = Family("rbln_device_plugin_registered", Kind.GAUGE,
+                    "1 while the resource is registered with the kubelet", ("resource",))
+STREAMS = Family("rbln_device_plugin_list_and_watch_streams", Kind.GAUGE,
+                 "ListAndWatch streams the kubelet holds open", ("resource",))
+DISCOVERY_FAILING = Family("rbln_device_plugin_discovery_failing", Kind.GAUGE,
+                           "1 while the last scan could not list the devices (every resource then reports none)")
+LAST_SCAN = Family("rbln_device_plugin_last_scan_timestamp_seconds", Kind.GAUGE,
+                   "Unix time of the scanner's last publication")
+READY = Family("rbln_device_plugin_ready", Kind.GAUGE,
+               "1 while the readiness probe passes: every resource with devices registered and streaming")
+STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY)
+
+FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
+
+
+# Far more events than a process makes between two flushes (an Allocate makes four).
+_MAX_PENDING = 4096
+
+
+def metrics_dir(run_dir: pathlib.Path) -> pathlib.Path:
+    """Where the processes' value files are: inside the private run dir."""
+    return run_dir / METRICS_DIR_NAME
+
+
+def reset_metrics_dir(run_dir: pathlib.Path, enabled: bool) -> None:
+    """At the start of the stack: no value file of an earlier run may count again (a container restarted
+    in the same pod finds its run dir as it left it)."""
+    directory = metrics_dir(run_dir)
+    if directory.exists():
+        shutil.rmtree(directory)
+    if enabled:
+        ensure_private_dir(directory, RUN_DIR_ENV)
+
+
+def _build(family: Family) -> Any:
+    import prometheus_client
+
+    # registry=None: the serving process reads the files, not this process's registry.
+    kwargs: dict[str, Any] = {"labelnames": family.labels, "registry": None}
+    if family.kind is Kind.COUNTER:
+        return prometheus_client.Counter(family.name, family.help, **kwargs)
+    if family.kind is Kind.HISTOGRAM:
+        return prometheus_client.Histogram(family.name, family.help, buckets=family.buckets, **kwargs)
+    raise ValueError(f"{family.name} is a {family.kind.value}: state families are derived, never recorded")
+
+
+class Recorder:
+    """Records one process's events into its value files; with metrics off (no directory) it does nothing.
+
+    An event is only queued where it happens (an append: an Allocate pays nothing measurable for it) and
+    written to the files by `flush()`, which the process calls once the work is answered: the worker after
+    each response is sent, the scanner after each scan. prometheus_client is imported when the families
+    are first needed (`load()`, or the first flush), so a worker whose resource the node lacks never pays
+    for it. Recording never raises into the caller's work: a value file that cannot be made (a full run
+    dir) is reported once, and the events are dropped.
+    """
+
+    def __init__(self, directory: pathlib.Path | None):
+        self.directory = directory
+        # Guards `_families` while it is built (Allocate handlers run on several threads).
+        self._lock = threading.Lock()
+        self._families: dict[Family, Any] | None = None
+        # Events not written yet; appended and taken from any thread (a deque's ends are thread-safe). Bounded,
+        # so that events nobody flushes cannot grow the process.
+        self._pending: collections.deque[Callable[[dict[Family, Any]], None]] = collections.deque(
+            maxlen=_MAX_PENDING)
+        self._failure_logged = False
+
+    def load(self, resource: str | None = None, smi_commands: Iterable[str] = ()) -> None:
+        """Import prometheus_client and make the families now, off the path of the first event, with a zero
+        series for each label set this process can record (a resource's allocations of either result, its
+        rbln-smi commands): a query then finds zero rather than nothing before the first event."""
+        if self.directory is None or self._families is not None:
+            return
+        with self._lock:
+            if self._families is not None:
+                return
+            families = {family: _build(family) for family in EVENT_FAMILIES}
+            if resource is not None:
+                for result in Result:
+                    families[ALLOCATIONS].labels(resource, result.value)
+                for family in (ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS):
+                    families[family].labels(resource)
+            for command in smi_commands:
+                families[RBLN_SMI_DURATION].labels(command)
+                families[RBLN_SMI_FAILURES].labels(command)
+            self._families = families
+
+    def _record(self, work: Callable[[dict[Family, Any]], None]) -> None:
+        if self.directory is not None:
+            self._pending.append(work)
+
+    def flush(self) -> None:
+        """Write every queued event into this process's value files (from any thread, even several at once)."""
+        while self.directory is not None:
+            try:
+                work = self._pending.popleft()
+            except IndexError:
+                return
+            try:
+                self.load()
+                assert self._families is not None
+                work(self._families)
+            except Exception as exc:  # metrics must never cost an allocation or a scan; the event is dropped
+                from loguru import logger  # not on the way of `run`, which imports this module before its exec
+
+                if not self._failure_logged:
+                    self._failure_logged = True
+                    logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
+                                   err=f"{type(exc).__name__}: {exc}")
+
+    def scan(self, seconds: float) -> None:
+        self._record(lambda f: f[SCAN_DURATION].observe(seconds))
+
+    def rbln_smi(self, command: str, seconds: float, ok: bool) -> None:
+        def work(f: dict[Family, Any]) -> None:
+            f[RBLN_SMI_DURATION].labels(command).observe(seconds)
+            if not ok:
+                f[RBLN_SMI_FAILURES].labels(command).inc()
+
+        self._record(work)
+
+    def allocations(self, resource: str, result: Result, durations: Sequence[float]) -> None:
+        """One Allocate call: the time each of its container requests took, and how the call ended."""
+        def work(f: dict[Family, Any]) -> None:
+            f[ALLOCATIONS].labels(resource, result.value).inc(len(durations))
+            histogram = f[ALLOCATE_DURATION].labels(resource)
+            for seconds in durations:
+                histogram.observe(seconds)
+
+        self._record(work)
+
+    def preferred_allocation(self, resource: str, seconds: float, fallbacks: int) -> None:
+        def work(f: dict[Family, Any]) -> None:
+            f[PREFERRED_ALLOCATION_DURATION].labels(resource).observe(seconds)
+            if fallbacks:
+                f[PREFERRED_ALLOCATION_FALLBACKS].labels(resource).inc(fallbacks)
+
+        self._record(work)
+
+    def kubelet_restart(self) -> None:
+        self._record(lambda f: f[KUBELET_RESTARTS].inc())
+
+
+def recorder_for(metrics_port: int, run_dir: pathlib.Path) -> Recorder:
+    """This process's recorder. With metrics on, points prometheus_client at the metrics directory, which
+    must happen before anything imports it."""
+    if metrics_port < 0:
+        return Recorder(None)
+    directory = metrics_dir(run_dir)
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None and not getattr(values.ValueClass, "_multiprocess", False):
+        raise RuntimeError("prometheus_client was imported before the metrics directory was set")
+    os.environ[MULTIPROC_ENV] = str(directory)
+    # `run` makes it empty at start; a process started on its own makes it here.
+    ensure_private_dir(directory, RUN_DIR_ENV)
+    return Recorder(directory)

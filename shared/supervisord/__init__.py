@@ -1,0 +1,6 @@
+"""The stack's one client of supervisord, in two modules so that a process pays only for what it uses.
+
+- `transport`: the bounded exchange over the run dir's unix socket and the credentials. Standard library
+  only and light, since every process of the stack loads it (to learn at shutdown whether the stack stops).
+- `client`: the XML-RPC `Supervisor` (program states, restarts, shutdown) for the watchdog and `status`.
+"""

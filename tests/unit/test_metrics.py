@@ -1,0 +1,393 @@
+"""Event metrics: what each process records, how the serving process adds the processes' files up, and how
+the files of processes that ended are folded so that nothing counts twice or is lost."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import values
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
+from resource_worker.servicer import DevicePluginServicer
+from resource_worker.streams import StreamTracker
+from resource_worker.tracing import AllocationTracer
+from shared import metrics
+from shared.deviceplugin.v1beta1 import api_pb2
+from shared.metrics import EVENT_FAMILIES, MULTIPROC_ENV, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.resources import Resource
+from tests.unit.test_allocation import make_allocator
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NPU, VF4 = Resource.NPU.value, Resource.NPU_VF4.value
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(*collectors) -> Samples:
+    """What a scrape of `collectors` shows, parsed back from the text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+class Node:
+    """One metrics directory and the processes writing into it, each with a pid of its own."""
+
+    def __init__(self, directory: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
+        self.directory = directory
+        self._monkeypatch = monkeypatch
+        self.live: set[int] = set()
+        self.collector = ProcessFilesCollector(directory, running=lambda pid: pid in self.live)
+
+    def process(self, pid: int) -> Recorder:
+        """A recorder as process `pid` has it: what it records until the next call lands in its files."""
+        self._monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda: pid))
+        self.live.add(pid)
+        return Recorder(self.directory)
+
+    def files(self) -> list[str]:
+        return sorted(path.name for path in self.directory.iterdir())
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch) -> Node:
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    monkeypatch.setenv(MULTIPROC_ENV, str(directory))
+    return Node(directory, monkeypatch)
+
+
+def test_the_processes_events_add_up_in_one_scrape(node):
+    scanner = node.process(101)
+    scanner.load(smi_commands=["list"])
+    scanner.scan(0.03)
+    scanner.rbln_smi("list", 0.02, ok=True)
+    scanner.flush()
+    worker = node.process(102)
+    worker.load(NPU, ["group-list", "group-destroy", "group-create"])
+    worker.rbln_smi("group-list", 0.02, ok=True)
+    worker.rbln_smi("group-create", 0.2, ok=False)
+    worker.allocations(NPU, Result.SUCCESS, [0.07, 0.3])
+    worker.allocations(NPU, Result.FAILURE, [0.004])
+    worker.preferred_allocation(NPU, 0.0008, fallbacks=1)
+    worker.flush()
+    watchdog = node.process(103)
+    watchdog.load()
+    watchdog.kubelet_restart()
+    watchdog.flush()
+
+    samples = scrape(node.collector)
+    assert value(samples, "rbln_device_plugin_scan_duration_seconds_count") == 1
+    assert value(samples, "rbln_device_plugin_rbln_smi_duration_seconds_count", command="list") == 1
+    assert value(samples, "rbln_device_plugin_rbln_smi_duration_seconds_count", command="group-create") == 1
+    assert value(samples, "rbln_device_plugin_rbln_smi_failures_total", command="group-create") == 1
+    assert value(samples, "rbln_device_plugin_rbln_smi_failures_total", command="group-list") == 0
+    # Loaded, never used: a zero rather than no series, so that a query finds it.
+    assert value(samples, "rbln_device_plugin_rbln_smi_duration_seconds_count", command="group-destroy") == 0
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 2
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="failure") == 1
+    assert value(samples, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) == 3
+    assert value(samples, "rbln_device_plugin_allocate_duration_seconds_bucket", resource=NPU, le="0.1") == 2
+    assert value(samples, "rbln_device_plugin_allocate_duration_seconds_sum", resource=NPU) == pytest.approx(0.374)
+    assert value(samples, "rbln_device_plugin_preferred_allocation_fallbacks_total", resource=NPU) == 1
+    assert value(samples, "rbln_device_plugin_preferred_allocation_duration_seconds_bucket", resource=NPU,
+                 le="0.001") == 1
+    assert value(samples, "rbln_device_plugin_kubelet_restarts_total") == 1
+    # Nothing here for a resource no worker of this node serves.
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=VF4, result="success") is None
+
+
+def test_an_ended_process_still_counts_once_and_its_files_are_folded(node):
+    first = node.process(201)
+    first.allocations(NPU, Result.SUCCESS, [0.1] * 3)
+    first.rbln_smi("group-create", 0.05, ok=True)
+    first.flush()
+    before = scrape(node.collector)
+    node.live.discard(201)  # SIGKILLed: its files stay behind
+    second = node.process(202)  # its successor
+    second.allocations(NPU, Result.SUCCESS, [0.2])
+    second.flush()
+
+    after = scrape(node.collector)
+    assert value(after, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 4
+    assert value(after, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) == 4
+    assert value(after, "rbln_device_plugin_allocate_duration_seconds_bucket", resource=NPU, le="0.1") == 3
+    assert value(after, "rbln_device_plugin_rbln_smi_duration_seconds_count", command="group-create") == \
+        value(before, "rbln_device_plugin_rbln_smi_duration_seconds_count", command="group-create") == 1
+    assert node.files() == ["counter_202.db", "counter_archive.db", "histogram_202.db", "histogram_archive.db"]
+
+    # The successor ends too: its counts join those already folded, none twice.
+    node.live.discard(202)
+    third = node.process(203)
+    third.allocations(NPU, Result.FAILURE, [1.5])
+    third.flush()
+    last = scrape(node.collector)
+    assert value(last, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 4
+    assert value(last, "rbln_device_plugin_allocations_total", resource=NPU, result="failure") == 1
+    assert value(last, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) == 5
+    assert value(last, "rbln_device_plugin_allocate_duration_seconds_sum", resource=NPU) == pytest.approx(2.0)
+    assert node.files() == ["counter_203.db", "counter_archive.db", "histogram_203.db", "histogram_archive.db"]
+    assert scrape(node.collector) == last  # a scrape changes nothing
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lives=st.lists(st.lists(st.sampled_from([0.001, 0.04, 0.3, 7.0, 40.0]), max_size=4), min_size=1,
+                      max_size=5),
+       scrape_after=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_any_sequence_of_restarts_and_scrapes_counts_every_allocation_once(tmp_path_factory, monkeypatch, lives,
+                                                                           scrape_after):
+    """A worker restarted again and again, scraped or not between its lives: the totals are the sums."""
+    directory = tmp_path_factory.mktemp("metrics")
+    monkeypatch.setenv(MULTIPROC_ENV, str(directory))
+    node = Node(directory, monkeypatch)
+    for pid, durations in enumerate(lives, start=300):
+        recorder = node.process(pid)
+        recorder.allocations(NPU, Result.SUCCESS, durations)
+        recorder.flush()
+        node.live.discard(pid)
+        if scrape_after[pid - 300]:
+            scrape(node.collector)
+    samples = scrape(node.collector)
+    every = [seconds for durations in lives for seconds in durations]
+    assert (value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="success") or 0) == len(every)
+    assert (value(samples, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) or 0) == len(every)
+    for bound in ("0.05", "1.0", "30.0", "+Inf"):
+        expected = sum(1 for seconds in every if seconds <= float(bound))
+        assert (value(samples, "rbln_device_plugin_allocate_duration_seconds_bucket", resource=NPU, le=bound) or 0) \
+            == expected
+    assert all(name.endswith("_archive.db") for name in node.files())
+
+
+def test_an_ended_process_gauges_are_dropped_and_unreadable_files_left_out(node):
+    recorder = node.process(401)
+    recorder.allocations(VF4, Result.SUCCESS, [0.1])
+    recorder.flush()
+    (node.directory / "gauge_livesum_402.db").write_bytes(b"")
+    (node.directory / "counter_403.db").write_bytes(b"\x40\x00\x00\x00garbage")  # claims more than it holds
+    node.live.add(403)
+    samples = scrape(node.collector)
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=VF4, result="success") == 1
+    assert "gauge_livesum_402.db" not in node.files()
+    assert "counter_403.db" in node.files()  # its process runs: left as it is, only not read
+
+
+def test_file_names_and_liveness():
+    assert file_pid(pathlib.Path("histogram_1234.db")) == 1234
+    assert file_pid(pathlib.Path("gauge_livesum_77.db")) == 77
+    assert file_pid(pathlib.Path("counter_archive.db")) is None
+    assert is_running(1)  # init: never ends, and belongs to another user for a non-root test run
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert not is_running(dead.pid)
+
+
+def test_a_recorder_that_cannot_write_never_fails_the_work(node, monkeypatch):
+    recorder = node.process(501)
+    logged = []
+    monkeypatch.setattr(recorder, "_families", None)
+    monkeypatch.setattr("shared.metrics._build", lambda family: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.setattr("loguru.logger.warning", lambda message, **fields: logged.append((message, fields)))
+    recorder.allocations(NPU, Result.SUCCESS, [0.1])
+    recorder.scan(0.1)
+    recorder.flush()
+    assert [message for message, _ in logged] == ["Metrics cannot be recorded; continuing without them"]
+    assert "No space left" in logged[0][1]["err"]
+    assert not recorder._pending, "events that cannot be written are dropped, never kept to grow"
+
+
+def test_metrics_off_and_the_workers_without_devices_never_load_prometheus_client(tmp_path):
+    """The import costs a process about 1 MB: a process with metrics off, and a worker that serves nothing,
+    never pay it (the workers import gRPC lazily for the same reason)."""
+    script = f"""
+import pathlib, sys
+from shared.metrics import Result, recorder_for
+import resource_worker.main, scanner.main, resource_worker.servicer
+off = recorder_for(-1, pathlib.Path({str(tmp_path)!r}))
+off.load(); off.scan(0.1); off.allocations("rebellions.ai/npu", Result.SUCCESS, [0.1]); off.kubelet_restart()
+off.flush()
+assert off.directory is None and not (pathlib.Path({str(tmp_path)!r}) / "metrics").exists()
+on = recorder_for(51516, pathlib.Path({str(tmp_path)!r}))
+assert on.directory is not None and "prometheus_client" not in sys.modules
+on.scan(0.1)
+assert "prometheus_client" not in sys.modules  # queued: nothing is written before the flush
+on.flush()
+assert "prometheus_client" in sys.modules
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
+def test_recorder_for_points_prometheus_client_at_the_private_metrics_dir(tmp_path):
+    script = f"""
+import os, pathlib, stat
+from shared.metrics import MULTIPROC_ENV, recorder_for
+run_dir = pathlib.Path({str(tmp_path)!r}) / "run"
+recorder = recorder_for(0, run_dir)
+recorder.load()
+directory = run_dir / "metrics"
+assert os.environ[MULTIPROC_ENV] == str(directory)
+assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+recorder.scan(0.25)
+recorder.flush()
+assert sorted(p.name for p in directory.iterdir()) == ["counter_%d.db" % os.getpid(), "histogram_%d.db" % os.getpid()]
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
+def test_recorder_for_refuses_a_prometheus_client_imported_too_early(tmp_path, monkeypatch):
+    monkeypatch.setattr(values, "ValueClass", values.MutexValue)
+    with pytest.raises(RuntimeError, match="imported before the metrics directory"):
+        recorder_for(0, tmp_path)
+
+
+def test_the_stack_starts_with_an_empty_metrics_dir_or_none(tmp_path):
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    (directory / "counter_1.db").write_bytes(b"old run")
+    reset_metrics_dir(tmp_path, enabled=True)
+    assert list(directory.iterdir()) == [] and oct(directory.stat().st_mode & 0o777) == "0o700"
+    (directory / "counter_1.db").write_bytes(b"old run")
+    reset_metrics_dir(tmp_path, enabled=False)
+    assert not directory.exists()
+    reset_metrics_dir(tmp_path, enabled=False)  # nothing there: nothing to do
+
+
+def test_event_families_follow_the_naming_conventions():
+    for family in EVENT_FAMILIES:
+        assert family.name.startswith("rbln_device_plugin_")
+        if family.kind is metrics.Kind.COUNTER:
+            assert family.name.endswith("_total")
+        if family.kind is metrics.Kind.HISTOGRAM:
+            assert family.name.endswith("_seconds") and list(family.buckets) == sorted(family.buckets)
+        assert set(family.labels) <= {"resource", "device", "status", "health", "result", "command"}
+    assert len({family.name for family in metrics.FAMILIES}) == len(metrics.FAMILIES)
+
+
+# What the servicer records for each kind of call
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.allocations_seen: list[tuple[str, Result, list[float]]] = []
+        self.preferred: list[tuple[str, float, int]] = []
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+    def allocations(self, resource, result, durations):
+        self.allocations_seen.append((resource, result, list(durations)))
+
+    def preferred_allocation(self, resource, seconds, fallbacks):
+        self.preferred.append((resource, seconds, fallbacks))
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    """A call's context; `ended()` is the end of the call, after its answer went out."""
+
+    def __init__(self) -> None:
+        self.callbacks = []
+
+    def add_callback(self, callback) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def ended(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
+    def abort(self, code, details):
+        self.code = code
+        raise Aborted(details)
+
+
+def servicer(tmp_path, **groups) -> tuple[DevicePluginServicer, FakeRecorder]:
+    allocator, _ = make_allocator(tmp_path, **groups)
+    recorder = FakeRecorder()
+    return DevicePluginServicer(allocator._table, allocator, StreamTracker(), threading.Event(),
+                                AllocationTracer(), recorder), recorder
+
+
+def allocate_request(*containers: list[str]) -> api_pb2.AllocateRequest:
+    return api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)
+                                                       for ids in containers])
+
+
+def test_each_container_of_a_successful_allocate_counts_once_with_its_time(tmp_path):
+    served, recorder = servicer(tmp_path)
+    context = FakeContext()
+    served.Allocate(allocate_request(["rbln0"], ["rbln1", "rbln2"]), context)
+    assert recorder.flushes == 0, "nothing is written before the answer has gone out"
+    context.ended()
+    assert recorder.flushes == 1
+    [(resource, result, durations)] = recorder.allocations_seen
+    assert (resource, result) == (NPU, Result.SUCCESS)
+    assert len(durations) == 2 and 0 < durations[0] <= durations[1] < 5
+
+
+@pytest.mark.parametrize(("containers", "counted"), [
+    ((["rbln0"], ["rbln9"]), 2),  # refused before any container: every container fails
+    ((), 1),  # no container at all: one failure, never none
+])
+def test_a_refused_allocate_fails_every_container(tmp_path, containers, counted):
+    served, recorder = servicer(tmp_path)
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        served.Allocate(allocate_request(*containers), context)
+    assert context.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+    [(_, result, durations)] = recorder.allocations_seen
+    assert result is Result.FAILURE and len(durations) == counted
+
+
+def test_an_allocate_failing_in_its_second_container_keeps_the_first_ones_time(tmp_path):
+    served, recorder = servicer(tmp_path, error="rbln-smi group -c exited with status 1")
+    with pytest.raises(Aborted):
+        served.Allocate(allocate_request(["rbln0"], ["rbln1"]), FakeContext())
+    [(_, result, durations)] = recorder.allocations_seen
+    assert result is Result.FAILURE and len(durations) == 2
+
+
+def test_preferred_allocation_is_timed_and_its_fallbacks_counted(tmp_path):
+    served, recorder = servicer(tmp_path)
+    request = api_pb2.PreferredAllocationRequest(container_requests=[
+        api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=["rbln0", "rbln1"], allocation_size=1),
+        api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=["rbln7"], allocation_size=1)])
+    response = served.GetPreferredAllocation(request, FakeContext())
+    assert len(response.container_responses) == 2
+    [(resource, seconds, fallbacks)] = recorder.preferred
+    assert resource == NPU and 0 < seconds < 5 and fallbacks == 1
+
+
+def test_events_are_written_at_the_flush_once_each_whatever_the_threads(node):
+    recorder = node.process(601)
+    for _ in range(200):
+        recorder.allocations(NPU, Result.SUCCESS, [0.01])
+    assert value(scrape(node.collector), "rbln_device_plugin_allocations_total", resource=NPU, result="success") \
+        is None
+    threads = [threading.Thread(target=recorder.flush) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    samples = scrape(node.collector)
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 200
+    assert value(samples, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) == 200

@@ -1,0 +1,36 @@
+"""supervisor.conf runs exactly the stack's programs, under the names the rest of the stack knows them by."""
+
+from __future__ import annotations
+
+import configparser
+import pathlib
+import shlex
+
+from shared.programs import PROGRAMS, SCANNER, WATCHDOG, WORKERS
+from shared.resources import Resource
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _programs() -> dict[str, str]:
+    """supervisor.conf's program name -> its command."""
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(ROOT / "supervisor.conf")
+    return {section.removeprefix("program:"): conf[section]["command"]
+            for section in conf.sections() if section.startswith("program:")}
+
+
+def test_supervisor_conf_has_a_program_for_each_name_and_no_other():
+    assert list(_programs()) == list(PROGRAMS)
+
+
+def test_the_names_are_the_process_names_of_the_logs():
+    assert PROGRAMS == ("scanner", "worker-npu", "worker-npu-vf1", "worker-npu-vf4", "watchdog")
+
+
+def test_each_program_runs_its_own_process():
+    commands = {name: shlex.split(command)[1:] for name, command in _programs().items()}
+    assert commands[SCANNER] == ["-m", "scanner"]
+    assert commands[WATCHDOG] == ["-m", "kubelet_watchdog"]
+    for name in WORKERS:
+        assert commands[name] == ["-m", "resource_worker", "--resource", Resource.from_process_name(name).value]

@@ -1,0 +1,220 @@
+"""State metrics from the watchdog's view, and the /metrics endpoint that serves them with the processes'
+event metrics: one series per resource whatever died, no series for statuses a device does not have."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from kubelet_watchdog.metrics_server import MetricsEndpoint, MetricsServer, StackStateCollector
+from kubelet_watchdog.probes import current_status
+from kubelet_watchdog.stack_metrics import StackView, state_samples, status_label
+from shared.metrics import STATE_FAMILIES
+from shared.resources import Resource
+from tests.unit.test_metrics import scrape, value
+from tests.unit.test_watchdog import running, scanner_status, worker_status
+
+NPU, VF1, VF4 = (r.value for r in Resource)
+
+
+def view_of(programs, scanner, workers, ready=True) -> StackView:
+    """The view as the watchdog's check builds it: only files of running instances are trusted."""
+    return StackView(current_status(scanner, programs, "scanner"),
+                     {name: current_status(status, programs, name) for name, status in workers.items()}, ready)
+
+
+def devices(**states: str) -> dict:
+    return {device: {"health": "Healthy" if status == "READY" else "Unhealthy", "status": status}
+            for device, status in states.items()}
+
+
+def test_devices_statuses_and_registrations_of_the_running_workers():
+    programs = running()
+    workers = {"worker-npu": worker_status(programs, "worker-npu", deviceCount=3, healthyCount=2, unhealthyCount=1,
+                                           devices=devices(rbln0="READY", rbln1="FAULT", rbln2="UNKNOWN(9)")),
+               "worker-npu-vf1": worker_status(programs, "worker-npu-vf1", registered=False, streams=0,
+                                               deviceCount=0, healthyCount=0, unhealthyCount=0, devices={}),
+               "worker-npu-vf4": None}
+    scanner = {**scanner_status(programs, npu=3), "time": 1.8e9, "discoveryError": None}
+    samples = {(family.name, tuple(sorted(labels.items()))): v
+               for family, labels, v in state_samples(view_of(programs, scanner, workers))}
+    assert value(samples, "rbln_device_plugin_devices", resource=NPU, health="Healthy") == 2
+    assert value(samples, "rbln_device_plugin_devices", resource=NPU, health="Unhealthy") == 1
+    assert value(samples, "rbln_device_plugin_devices", resource=VF1, health="Healthy") == 0
+    assert value(samples, "rbln_device_plugin_device_status", resource=NPU, device="rbln1", status="FAULT") == 1
+    assert value(samples, "rbln_device_plugin_device_status", resource=NPU, device="rbln2", status="UNKNOWN") == 1
+    statuses = [labels for (name, labels) in samples if name == "rbln_device_plugin_device_status"]
+    assert len(statuses) == 3, "one series per device, for its current status only"
+    assert {r: value(samples, "rbln_device_plugin_registered", resource=r) for r in (NPU, VF1, VF4)} == \
+        {NPU: 1, VF1: 0, VF4: 0}
+    assert value(samples, "rbln_device_plugin_list_and_watch_streams", resource=NPU) == 1
+    assert value(samples, "rbln_device_plugin_discovery_failing") == 0
+    assert value(samples, "rbln_device_plugin_last_scan_timestamp_seconds") == 1.8e9
+    assert value(samples, "rbln_device_plugin_ready") == 1
+    assert not [key for key in samples if key[0] == "rbln_device_plugin_devices" and ("resource", VF4) in key[1]]
+
+
+def test_a_killed_workers_file_is_not_trusted_and_its_successor_counts_once():
+    programs = running()
+    killed = worker_status(programs, "worker-npu", devices=devices(rbln0="READY"))
+    programs["worker-npu"]["pid"] = 999  # supervisord started a new instance; the file is still the old one's
+    samples = state_samples(view_of(programs, None, {"worker-npu": killed}, ready=False))
+    assert [(f.name, labels, v) for f, labels, v in samples if labels.get("resource") == NPU] == [
+        ("rbln_device_plugin_registered", {"resource": NPU}, 0.0),
+        ("rbln_device_plugin_list_and_watch_streams", {"resource": NPU}, 0.0)]
+    successor = {**killed, "pid": 999}
+    samples = state_samples(view_of(programs, None, {"worker-npu": successor}))
+    assert [v for f, labels, v in samples if f.name == "rbln_device_plugin_registered"
+            and labels["resource"] == NPU] == [1.0]
+
+
+@pytest.mark.parametrize("broken", [
+    {"registered": "yes", "streams": "1", "healthyCount": None, "unhealthyCount": [1], "devices": ["rbln0"]},
+    {"devices": {"rbln0": "READY", "rbln1": {"status": 4}}},
+])
+def test_a_broken_status_file_leaves_out_what_it_cannot_say(broken):
+    programs = running()
+    status = {**worker_status(programs, "worker-npu"), **broken}
+    samples = state_samples(view_of(programs, {**scanner_status(programs), "time": "soon",
+                                               "discoveryError": "rbln-smi not found"}, {"worker-npu": status}))
+    by_name = {}
+    for family, labels, v in samples:
+        by_name.setdefault(family.name, []).append((labels, v))
+        assert isinstance(v, float)
+    assert by_name["rbln_device_plugin_discovery_failing"] == [({}, 1.0)]
+    assert "rbln_device_plugin_last_scan_timestamp_seconds" not in by_name
+    for labels, _ in by_name.get("rbln_device_plugin_device_status", []):
+        assert labels["status"] == "UNREADABLE"
+
+
+def test_status_labels_are_the_driver_statuses_unknown_and_unreadable():
+    assert [status_label(name) for name in ("READY", "FAULT", "UNKNOWN(7)", "UNREADABLE", None, "junk")] == \
+        ["READY", "FAULT", "UNKNOWN", "UNREADABLE", "UNREADABLE", "UNREADABLE"]
+
+
+def test_the_collector_shows_the_last_view_and_nothing_before_the_first():
+    collector = StackStateCollector()
+    assert scrape(collector) == {}
+    programs = running()
+    collector.update(view_of(programs, None, {"worker-npu": worker_status(programs, "worker-npu")}))
+    samples = scrape(collector)
+    assert value(samples, "rbln_device_plugin_devices", resource=NPU, health="Unhealthy") == 1
+    families = {name for name, _ in samples}
+    assert families <= {family.name for family in STATE_FAMILIES}
+
+
+# The HTTP endpoint
+
+
+def serve(collector=None) -> MetricsServer:
+    registry = CollectorRegistry(auto_describe=False)
+    state = collector or StackStateCollector()
+    if collector is None:
+        programs = running()
+        state.update(view_of(programs, None, {"worker-npu": worker_status(programs, "worker-npu")}))
+    registry.register(state)
+    server = MetricsServer(0, registry)
+    server.start()
+    return server
+
+
+def get(url: str, **headers: str):
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5)
+
+
+def test_get_metrics_in_the_text_format_over_ipv4_and_ipv6():
+    server = serve()
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            with get(f"http://{host}:{server.port}/metrics") as answer:
+                assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = answer.read().decode()
+            assert 'rbln_device_plugin_registered{resource="rebellions.ai/npu"} 1.0' in text
+        # What Prometheus asks for: OpenMetrics, compressed.
+        with get(f"http://127.0.0.1:{server.port}/metrics", **{
+                "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                "Accept-Encoding": "gzip"}) as answer:
+            assert answer.headers["Content-Encoding"] == "gzip"
+            assert answer.headers["Content-Type"].startswith("application/openmetrics-text")
+            families = list(text_string_to_metric_families(gzip.decompress(answer.read()).decode()
+                                                           .replace("# EOF\n", "")))
+        assert "rbln_device_plugin_devices" in {family.name for family in families}
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            get(f"http://127.0.0.1:{server.port}/")
+        assert missing.value.code == 404
+    finally:
+        server.stop()
+
+
+def test_a_failing_collection_is_a_500_and_the_server_goes_on():
+    class Failing:
+        def __init__(self):
+            self.fail = True
+
+        def collect(self):
+            if self.fail:
+                raise RuntimeError("broken")
+            return []
+
+    failing = Failing()
+    server = serve(failing)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            get(f"http://127.0.0.1:{server.port}/metrics")
+        assert failed.value.code == 500
+        failing.fail = False
+        with get(f"http://127.0.0.1:{server.port}/metrics") as answer:
+            assert answer.status == 200
+    finally:
+        server.stop()
+
+
+def test_a_client_that_sends_nothing_holds_the_server_only_until_its_timeout(monkeypatch):
+    monkeypatch.setattr("kubelet_watchdog.metrics_server._Handler.timeout", 0.3)
+    server = serve()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as silent:
+            silent.settimeout(5)
+            # Served one at a time: this scrape waits for the silent client to be cut off.
+            with get(f"http://127.0.0.1:{server.port}/metrics") as answer:
+                assert answer.status == 200
+            assert silent.recv(1024) == b"", "the server closed the silent connection without an answer"
+    finally:
+        server.stop()
+
+
+def test_an_endpoint_whose_port_is_taken_retries_at_each_update(tmp_path, monkeypatch):
+    logged = []
+    monkeypatch.setattr("kubelet_watchdog.metrics_server.logger.error", lambda msg, **f: logged.append(msg))
+    monkeypatch.setattr("kubelet_watchdog.metrics_server.logger.info", lambda msg, **f: logged.append(msg))
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        taken.bind(("::", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        endpoint = MetricsEndpoint(port, tmp_path)
+        programs = running()
+        view = view_of(programs, None, {})
+        endpoint.update(view)
+        endpoint.update(view)
+        assert logged == ["Metrics endpoint cannot listen; retrying"]
+    endpoint.update(view)
+    try:
+        assert logged[-1] == "Metrics endpoint listening"
+        with get(f"http://127.0.0.1:{port}/metrics") as answer:
+            assert b"rbln_device_plugin_ready 1.0" in answer.read()
+    finally:
+        endpoint.stop()
+
+
+def test_a_disabled_endpoint_never_listens(tmp_path):
+    endpoint = MetricsEndpoint(-1, tmp_path)
+    endpoint.update(StackView(None, {}, True))
+    assert endpoint._server is None
+    endpoint.stop()
