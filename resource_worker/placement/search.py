@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from resource_worker.placement import counting
 from resource_worker.placement.balls import Ball, Balls, Target, feasible_balls
 from resource_worker.placement.counting import FREE, Limits
 from resource_worker.placement.geometry import RootTree, forest
 from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
 from resource_worker.placement.tree_dp import Encoding, Knapsack, Solution
 
@@ -101,6 +102,7 @@ class Search:
         if not proven:
             first = fallback()
             best = first if best is None or first < best else best
+        assert best is not None, "a finished search found a selection"
         return Outcome(best[-1], best, proven, self.meter.work, None if proven else list(self.known))
 
     def _search(self) -> None:
@@ -143,7 +145,9 @@ class Search:
         scored = []
         for option in self.numa.options:
             self.meter.charge(len(tables.size))
-            scored.append((counting.fewest_groups(everything, cards, option, self.size), option))
+            groups = counting.fewest_groups(everything, cards, option, self.size)
+            assert groups is not None, "every NUMA option listed holds a selection"
+            scored.append((groups, option))
         fewest = min(groups for groups, _ in scored)
         self._settled_component(fewest)
         splits: list[Split] = []
@@ -224,55 +228,19 @@ class Search:
             pool = index == len(places) - 1
             values.append([None if g is None else g * cards_unit + (n * squares_unit if pool else -n * n)
                            for n, g in enumerate(groups[index][:self.size + 1])])
-        for shares in self._least_shares(values, self.size):
+        for shares in least_shares(values, self.size, self.meter):
             self.meter.charge(len(places))
             counts = [0] * len(places)
-            for index, share in zip(used, shares):
+            for index, share in zip(used, shares, strict=True):
                 counts[index] = share
             unreadable = counts[-1]
             readable = self.size - unreadable
-            place_groups = tuple(groups[index][n] if index in groups else 0 for index, n in enumerate(counts))
+            # A share is a count its place can give (the least sums skip the others): never None here.
+            place_groups = cast(tuple[int, ...], tuple(groups[index][n] if index in groups else 0
+                                                       for index, n in enumerate(counts)))
             cross = (readable * readable - sum(n * n for n in counts[:-1])) // 2
             yield Split((self.numa.unknown, self.numa.nodes, plan.paid + sum(place_groups), unreadable, cross),
                         plan, tuple(counts), place_groups)
-
-    def _least_shares(self, values: list[list], total: int) -> list[tuple[int, ...]]:
-        """Every way to give each place a count, adding up to `total`, with the least sum of values."""
-        # reach[i][t]: the least value of t devices in the first i places; the last place only needs `total`.
-        reach: list[list] = [[0]]
-        for place in values[:-1]:
-            previous = reach[-1]
-            row: list = [None] * min(len(previous) + len(place) - 1, total + 1)
-            for t, before in enumerate(previous):
-                if before is None:
-                    continue
-                self.meter.charge(len(place))
-                for n, value in enumerate(place[:len(row) - t]):
-                    if value is not None and (row[t + n] is None or before + value < row[t + n]):
-                        row[t + n] = before + value
-            reach.append(row)
-        last, before = values[-1], reach[-1]
-        self.meter.charge(len(last))
-        ends = [before[total - n] + value for n, value in enumerate(last[:total + 1])
-                if value is not None and total - n < len(before) and before[total - n] is not None]
-        if not ends:
-            return []
-        best = min(ends)
-        shares = []
-        # Back from the last place: every count whose value and best rest make up the least total.
-        pending = [(len(values), total, best, ())]
-        while pending:
-            places, left, target, tail = pending.pop()
-            if places == 0:
-                shares.append(tail)
-                continue
-            place, before = values[places - 1], reach[places - 1]
-            for n in range(min(len(place) - 1, left), -1, -1):
-                if place[n] is not None and left - n < len(before) and before[left - n] is not None \
-                        and before[left - n] + place[n] == target:
-                    self.meter.charge(1)
-                    pending.append((places - 1, left - n, before[left - n], (n,) + tail))
-        return shares
 
     # -- each root's distances -----------------------------------------------------------------
 
@@ -306,7 +274,7 @@ class Search:
                 if key not in self._diameters:
                     self._diameters[key] = self._balls(tree, split, at_most=at_most)
                 least = self._diameters[key]
-                if least is None or at_most is not None and least.diameter > at_most:
+                if least is None or (at_most is not None and least.diameter > at_most):
                     return None
                 diameter = max(diameter, least.diameter)
         return diameter
@@ -317,7 +285,8 @@ class Search:
         knapsack = Knapsack(self.classes, plan.limits.fewest, plan.group_of, self.tables.chain, self.encoding,
                             self.meter)
         # The cards counted outside the places, so that the totals of different plans compare.
-        total, parts = plan.paid * self.encoding.group_unit, []
+        total = plan.paid * self.encoding.group_unit
+        parts: list[Solution | None] = []
         for tree in self.trees:
             count = split.counts[tree.root]
             if not count:

@@ -5,6 +5,7 @@ their word, so an error here would lose optima.
 """
 
 import itertools
+import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from resource_worker.placement.balls import Target, feasible_balls
 from resource_worker.placement.counting import FREE, SOLO, Limits, fewest_groups, groups_by_count, numa_options
 from resource_worker.placement.geometry import forest
 from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter
 from resource_worker.placement.tree_dp import Encoding, Knapsack
 from tests.unit.test_placement import _instances
@@ -24,12 +26,12 @@ _SLOW = settings(max_examples=400, deadline=None, suppress_health_check=[HealthC
 
 def _groups(group_of, counts):
     """Cards a count vector uses: each card once, each device of a class with no card once; paid cards none."""
-    cards = {group for group, n in zip(group_of, counts) if n and group > 0}
-    return len(cards) + sum(n for group, n in zip(group_of, counts) if group == SOLO)
+    cards = {group for group, n in zip(group_of, counts, strict=True) if n and group > 0}
+    return len(cards) + sum(n for group, n in zip(group_of, counts, strict=True) if group == SOLO)
 
 
 def _vectors(limits, target=None):
-    vectors = itertools.product(*(range(low, high + 1) for low, high in zip(*limits)))
+    vectors = itertools.product(*(range(low, high + 1) for low, high in zip(*limits, strict=True)))
     return [v for v in vectors if target is None or sum(v) == target]
 
 
@@ -71,7 +73,8 @@ def test_numa_options_hold_exactly_the_numa_optimal_selections(instance):
         assert (found.unknown, found.nodes) == best and found.complete
         for selection in selections:
             counts = [sum(d in selection for d in tables.ids[c]) for c in range(len(tables.size))]
-            inside = any(all(low <= n <= high for n, low, high in zip(counts, *option)) for option in found.options)
+            inside = any(all(low <= n <= high for n, low, high in zip(counts, *option, strict=True))
+                         for option in found.options)
             # Within an option exactly when the selection meets the NUMA optimum.
             assert inside == (score(selection, pool)[:2] == best)
 
@@ -119,8 +122,8 @@ def test_least_diameter_and_widest_balls_match_every_selection(instance):
         forced = sum(local.fewest)
         for count in range(max(2, forced), sum(local.most) + 1):
             groups = fewest_groups(tree.classes, group_of, local, count)
-            vectors = [dict(zip(tree.classes, (v[c] for c in tree.classes))) for v in _vectors(local, count)
-                       if _groups(group_of, v) == groups]
+            vectors = [dict(zip(tree.classes, (v[c] for c in tree.classes), strict=True))
+                       for v in _vectors(local, count) if _groups(group_of, v) == groups]
             diameters = {tuple(v.items()): _distances(tables, v)[0] for v in vectors}
             found = feasible_balls(tree, local, group_of, Target(count, groups, forced), WorkMeter(ENOUGH_WORK))
             assert found.diameter == min(diameters.values())
@@ -155,3 +158,19 @@ def test_the_tree_knapsack_finds_the_least_cards_distance_sum_and_ids(instance):
             assert (groups, distance_sum) == best[:2]
             assert sorted(classes.chosen(knapsack.counts(solution))) == best[2]
             assert score(best[2], pool).distance_sum == distance_sum
+
+
+def test_least_shares_are_every_share_of_the_least_sum_as_brute_force_finds_them():
+    rng = random.Random(13)
+    for _ in range(400):
+        places = rng.randint(1, 4)
+        values = [[None if rng.random() < 0.25 else rng.randint(-3, 6) for _ in range(rng.randint(1, 5))]
+                  for _ in range(places)]
+        total = rng.randint(0, 8)
+        sums = {share: sum(values[i][n] for i, n in enumerate(share))
+                for share in itertools.product(*(range(len(place)) for place in values))
+                if sum(share) == total and all(values[i][n] is not None for i, n in enumerate(share))}
+        least = min(sums.values(), default=None)
+        expected = sorted(share for share, value in sums.items() if value == least)
+        found = least_shares(values, total, WorkMeter(ENOUGH_WORK))
+        assert sorted(found) == expected and len(found) == len(set(found)), (values, total)
