@@ -141,7 +141,7 @@ def irregular_node(seed: int, devices: int) -> dict[str, Candidate]:
             sid = f"SN{len(rows):05d}"
         rows.append((numa_of(numa), card_key(sid, None), path_of(path)))
     node = {}
-    for number, (numa, card, path) in zip(numbers, rows):
+    for number, (numa, card, path) in zip(numbers, rows, strict=True):
         device_id = style.format(n=number)
         node[device_id] = Candidate(device_id, numa, card, path)
     return node

@@ -54,7 +54,7 @@ class Placement:
         if self.open_bound is None or self.score is None:
             return None
         # The bound may stop before the last component: the components it does not reach are not compared.
-        for name, bound, value in zip(Score._fields, self.open_bound, self.score, strict=True):
+        for name, bound, value in zip(Score._fields, self.open_bound, self.score, strict=False):
             if bound != value:
                 return Shortfall(name, bound, value)
         name = Score._fields[min(len(self.open_bound), len(Score._fields) - 1)]

@@ -26,7 +26,7 @@ from resource_worker.placement.state import WorkMeter
 class Target(NamedTuple):
     """What a root's share of a selection must meet."""
 
-    count: int
+    devices: int
     groups: int
     forced: int
     """Forced devices at the root: a feasible ball holds all of them."""
@@ -48,7 +48,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
     balls; None if there is none."""
     fewest, most = limits
     held = [c for c in tree.classes if most[c]]
-    if sum(most[c] for c in held) == target.count:
+    if sum(most[c] for c in held) == target.devices:
         # Every device the root may give is taken: one ball, as wide as they lie apart.
         meter.charge(len(held) * len(held))
         inside = set(held)
@@ -56,18 +56,18 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
                      [distance for c in held for other, distance in tree.links[c] if other in inside], default=0)
         return Balls(max(widest, diameter or 0), [Ball({c: most[c] for c in held})])
     forced = [tree.index[c] for c in tree.classes if fewest[c]]
-    ranked = []
+    ranked: list[tuple[int, int, Center]] = []
     for center in tree.centers:
         if center.pendant >= 0 and fewest[center.pendant] > 1:
             continue    # a pendant centre holds one device of its class: not a class that must give two
         # A lower bound on the diameter at which the ball is feasible: it must hold enough devices, and the
         # forced ones.
         meter.charge(1 + len(forced))
-        held, enough, steps = 0, None, 0
+        reachable, enough, steps = 0, None, 0
         for reach, c in zip(center.reaches, center.classes, strict=True):
             steps += 1
-            held += min(most[c], 1) if c == center.pendant else most[c]
-            if held >= target.count:
+            reachable += min(most[c], 1) if c == center.pendant else most[c]
+            if reachable >= target.devices:
                 enough = reach
                 break
         meter.record(steps)
@@ -84,13 +84,13 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
     for floor, _, center in ranked:
         if best is not None and floor > best:
             break
-        reach = _first_feasible(center, limits, group_of, target, best, meter)
-        if reach is None:
+        feasible_at = _first_feasible(center, limits, group_of, target, best, meter)
+        if feasible_at is None:
             continue
-        if not found or (reach < best and diameter is None):
-            best, hits, found = reach, [], True
+        if not found or (best is not None and feasible_at < best and diameter is None):
+            best, hits, found = feasible_at, [], True
         hits.append(center)
-    if not found:
+    if not found or best is None:
         return None
     return Balls(best, _widest([_ball(center, limits, best, meter) for center in hits], meter))
 
@@ -128,11 +128,11 @@ def _first_feasible(center: Center, limits: Limits, group_of: Sequence[int], tar
                 if low:
                     card_forced.add(group)
         # Judged once every class at this reach is in.
-        if (i == last or reaches[i + 1] != reach) and forced >= target.forced and supply >= target.count:
+        if (i == last or reaches[i + 1] != reach) and forced >= target.forced and supply >= target.devices:
             paid = solo_forced + len(card_forced)
             capacity = free + solo_forced + sum(card_room[card] for card in card_forced)
             meter.charge(len(card_room))
-            if _enough(card_room, card_forced, solo_rooms, target.count - capacity, target.groups - paid):
+            if _enough(card_room, card_forced, solo_rooms, target.devices - capacity, target.groups - paid):
                 meter.record(i + 1)
                 return reach
     meter.record(len(reaches))

@@ -11,6 +11,8 @@ better of it and what the search completed, and is checked like any other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from resource_worker.placement.counting import Limits
 from resource_worker.placement.geometry import forest
 from resource_worker.placement.pool import PoolTables
@@ -31,7 +33,7 @@ def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choi
     best: list | None = None
     for fewest, most in choices[:_MAX_NUMA_SETS]:
         forced = list(fewest)
-        allowed = [c for c, (low, high) in enumerate(zip(fewest, most)) if high > low]
+        allowed = [c for c, (low, high) in enumerate(zip(fewest, most, strict=True)) if high > low]
         for anchor in _anchors(tables, forced, allowed):
             values = _fill(tables, classes, forced, allowed, anchor, size)
             if best is None or values < best:
@@ -40,7 +42,7 @@ def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choi
     return best
 
 
-def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[int | None]:
+def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> Sequence[int | None]:
     """Roots to fill first: the one the forced devices use most, else the roomiest ones."""
     held = [0] * tables.n_roots
     room = [0] * tables.n_roots

@@ -54,8 +54,10 @@ class PoolTables:
         groups = sorted(members.items(), key=lambda item: item[1][0].device_id)
 
         numa_nodes = sorted({k.numa_node for k, _ in groups if k.numa_node is not None})
-        numa_bits = {n: 1 << i for i, n in enumerate(numa_nodes)}
-        card_bits = {n: 1 << i for i, n in enumerate(sorted({k.card for k, _ in groups if k.card is not None}))}
+        # No bit for an unknown NUMA node or no card: get(None, 0).
+        numa_bits: dict[int | None, int] = {n: 1 << i for i, n in enumerate(numa_nodes)}
+        cards = sorted({k.card for k, _ in groups if k.card is not None})
+        card_bits: dict[str | None, int] = {n: 1 << i for i, n in enumerate(cards)}
         root_index: dict[str, int] = {}
         node_index: dict[Path, int] = {}
         self.ids: list[tuple[str, ...]] = []

@@ -49,8 +49,8 @@ class RequestClasses:
         # A device's weight: 2 ** (pool size - 1 - its place in ID order). Of two selections of one size, the
         # one with the smaller sorted IDs is the one with the larger total weight, so the ID tie-break adds up.
         self.free_weights = []
-        for ids, ranks in zip(tables.ids, tables.ranks):
-            chosen = [1 << (pool_size - 1 - rank) for i, rank in zip(ids, ranks) if i not in mandatory]
+        for ids, ranks in zip(tables.ids, tables.ranks, strict=True):
+            chosen = [1 << (pool_size - 1 - rank) for i, rank in zip(ids, ranks, strict=True) if i not in mandatory]
             prefix = [0]
             for weight in chosen:
                 prefix.append(prefix[-1] + weight)

@@ -70,13 +70,13 @@ class _Part:
 class Solution(NamedTuple):
     value: int
     part: _Part
-    count: int
+    devices: int
 
 
 class _Ball(NamedTuple):
     """What the whole selection holds, for clipping each part to the counts that can still complete it."""
 
-    count: int
+    devices: int
     supply: int
     forced: int
 
@@ -104,8 +104,9 @@ class Knapsack:
         self.meter.charge(len(most) + (0 if tree is None else len(tree.postorder)))
         if not ball.forced <= count <= ball.supply:
             return None
+        top: _Part | None
         if tree is None:
-            part = self._fold(list(most), [], most, ball)
+            top = self._fold(list(most), [], most, ball)
         else:
             parts: dict[int, _Part] = {}
             for node in tree.postorder:
@@ -113,47 +114,50 @@ class Knapsack:
                 hanging = [c for c in tree.hanging[node] if c in most]
                 if len(below) == 1 and not hanging:
                     # Nothing joins here: the edge up is paid for when something does.
-                    part = below[0]
+                    joined = below[0]
                 elif below or hanging:
-                    part = self._fold(hanging, below, most, ball)
+                    joined = self._fold(hanging, below, most, ball)
                 else:
                     continue
-                part.edges += 1
-                parts[node] = part
+                joined.edges += 1
+                parts[node] = joined
             # Edges above every chosen device add n * (count - n) = 0 at n = count.
-            part = parts.get(tree.top)
-        value = None if part is None else part.value(count)
-        return None if value is None else Solution(value, part, count)
+            top = parts.get(tree.top)
+        value = None if top is None else top.value(count)
+        return None if value is None or top is None else Solution(value, top, count)
 
     def counts(self, solution: Solution) -> dict[int, int]:
         """How many devices each class gives in the solution."""
         counts: dict[int, int] = {}
-        stack = [(solution.part, solution.count)]
+        stack = [(solution.part, solution.devices)]
         while stack:
             part, count = stack.pop()
-            self.meter.charge(1 if part.right is None else 1 + len(part.left.values))
-            if part.cls >= 0:
+            left, right = part.left, part.right
+            if left is None:  # a class's own part
+                self.meter.charge(1)
                 if count:
                     counts[part.cls] = count
-            elif part.right is None:
-                stack.append((part.left, count))
+            elif right is None:
+                self.meter.charge(1)
+                stack.append((left, count))
             else:
+                self.meter.charge(1 + len(left.values))
                 target = part.value(count)
-                left, right = part.left, part.right
                 taken = next(n for n in range(left.low, left.low + len(left.values))
-                             if right.value(count - n) is not None and left.value(n) + right.value(count - n) == target)
+                             if (on_left := left.value(n)) is not None
+                             and (on_right := right.value(count - n)) is not None and on_left + on_right == target)
                 stack.append((left, taken))
                 stack.append((right, count - taken))
         return counts
 
     def _span(self, supply: int, forced: int, ball: _Ball) -> tuple[int, int]:
         """The counts some devices can give in a selection of the ball's count: what the rest must and can add."""
-        return max(forced, ball.count - (ball.supply - supply)), min(supply, ball.count - (ball.forced - forced))
+        return max(forced, ball.devices - (ball.supply - supply)), min(supply, ball.devices - (ball.forced - forced))
 
-    def _fold(self, hanging: list[int], below: list[_Part], most: dict[int, int], ball: _Ball) -> _Part | None:
+    def _fold(self, hanging: list[int], below: list[_Part], most: dict[int, int], ball: _Ball) -> _Part:
         """One tree node: the classes hanging from it (each card counted once) and what its children hold,
-        each child paying for its edge up to this node."""
-        part = None
+        each child paying for its edge up to this node. Something hangs from it or lies below it."""
+        part: _Part | None = None
         cards: dict[int, _Part] = {}
         for c in hanging:
             leaf = self._leaf(c, most[c], ball)
@@ -169,13 +173,14 @@ class Knapsack:
             part = self._add(part, self._same(card, charged), ball)
         for child in below:
             part = self._add(part, self._edged(child, ball), ball)
+        assert part is not None, "a tree node with nothing below it"
         return part
 
     def _edged(self, part: _Part, ball: _Ball) -> _Part:
         """The part with the edges above it paid for: n devices below an edge add n * (count - n)."""
         self.meter.charge(len(part.values))
         unit = part.edges * self.encoding.sum_unit
-        count = ball.count
+        count = ball.devices
         return self._same(part, [value + n * (count - n) * unit for n, value in enumerate(part.values, part.low)])
 
     def _add(self, part: _Part | None, other: _Part, ball: _Ball) -> _Part:
@@ -186,7 +191,7 @@ class Knapsack:
         self.meter.charge(2 + max(0, high - low))
         mandatory = self.classes.mandatory[cls]
         weights = self.classes.free_weights[cls]
-        per_device = self.chain[cls] * (ball.count - 1) * self.encoding.sum_unit
+        per_device = self.chain[cls] * (ball.devices - 1) * self.encoding.sum_unit
         if self.group_of[cls] == SOLO:
             per_device += self.encoding.group_unit
         return _Part(low, [n * per_device - weights[n - mandatory] for n in range(low, high + 1)], most,

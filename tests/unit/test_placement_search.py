@@ -54,7 +54,7 @@ def test_the_irregular_family_is_seeded_and_covers_the_hard_shapes():
     assert max(len(d) for d in depths) >= 4
     # NUMA follows neither the roots nor the cards.
     assert any(len({c.numa_node for c in node.values() if c.pci_path and c.pci_path[0] == root}) > 1
-               for node, node_roots in zip(nodes, roots) for root in node_roots)
+               for node, node_roots in zip(nodes, roots, strict=True) for root in node_roots)
     assert any(c.numa_node is None for c in devices)
     assert any(c.pci_path is None for c in devices)
     pf_cards = [c.card for c in devices if c.card is None or c.card.startswith("sid:")]
