@@ -8,6 +8,11 @@ Every function returns {device ID: Candidate}, the pool a worker hands to placem
 - `pf_node()`: 32 single-device cards, 8 per switch, one root per NUMA node.
 - `irregular_node(seed, devices)`: one member of the irregular family, the same for the
   same arguments on any machine.
+- `STRESS`: pools made to spend the work bound, not members of any family a node shows:
+  `spread-cards` (128 PFs whose SIDs pair devices under different roots: every card is
+  spread, so the ways to choose cards explode), `numa-heavy` (128 devices on 8 NUMA nodes
+  of equal room: 70 ways to meet the NUMA optimum), `vf-pairs` (64 PFs with 2 VFs each
+  over 24 bridges, NUMA drawn per VF: many classes and cards).
 
 The irregular family is what a VM guest or an unusual host board shows: 1-3 PCI roots
 with random domain and bus numbers; a random tree of 8-30 bridges whose depths differ
@@ -23,6 +28,7 @@ styles, numbered in no relation to their PCI position.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from resource_worker.placement import Candidate, card_key
 
@@ -135,7 +141,41 @@ def irregular_node(seed: int, devices: int) -> dict[str, Candidate]:
             sid = f"SN{len(rows):05d}"
         rows.append((numa_of(numa), card_key(sid, None), path_of(path)))
     node = {}
-    for number, (numa, card, path) in zip(numbers, rows):
+    for number, (numa, card, path) in zip(numbers, rows, strict=True):
         device_id = style.format(n=number)
         node[device_id] = Candidate(device_id, numa, card, path)
     return node
+
+
+def _spread_cards() -> dict[str, Candidate]:
+    node = {}
+    for i in range(128):
+        device_id = f"d{i:03d}"
+        path = (f"pci{i % 3:04x}:00", f"0000:{(i // 4) % 32:02x}:00.0", f"0000:{0x40 + i % 0xc0:02x}:{i // 0xc0:02x}.0")
+        node[device_id] = Candidate(device_id, 0, card_key(f"S{i // 2}", None), path)
+    return node
+
+
+def _numa_heavy() -> dict[str, Candidate]:
+    node = {}
+    for i in range(128):
+        device_id = f"m{i:03d}"
+        node[device_id] = Candidate(device_id, i % 8, None, ("pci0000:00", f"0000:{i % 16:02x}:00.0",
+                                                             f"0000:{0x20 + i % 0xe0:02x}:{i // 0xe0:02x}.0"))
+    return node
+
+
+def _vf_pairs() -> dict[str, Candidate]:
+    rng = random.Random("vf-pairs")
+    node = {}
+    for pf in range(64):
+        bridge = ("pci0000:00", f"0000:{pf % 8:02x}:00.0", f"0000:{0x10 + pf % 24:02x}:01.0")
+        for vf in range(2):
+            device_id = f"v{pf:02d}-{vf}"
+            node[device_id] = Candidate(device_id, rng.randrange(2), card_key("", f"0000:{0x40 + pf:02x}:00.0"),
+                                        bridge + (f"0000:{0x40 + pf:02x}:00.{vf + 1}",))
+    return node
+
+
+STRESS: dict[str, Callable[[], dict[str, Candidate]]] = {
+    "spread-cards": _spread_cards, "numa-heavy": _numa_heavy, "vf-pairs": _vf_pairs}

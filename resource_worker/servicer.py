@@ -15,10 +15,18 @@ from loguru import logger
 
 from resource_worker.allocation import AllocationError, Allocator, ContainerAllocation, ErrorKind
 from resource_worker.device_table import Advertised, DeviceTable
-from resource_worker.placement import WORK_BUDGET, Placement, PlacementRequestError, candidate_from_record, place
+from resource_worker.placement import (
+    WORK_BUDGET,
+    Candidate,
+    Placement,
+    PlacementRequestError,
+    candidate_from_record,
+    place,
+)
 from resource_worker.streams import StreamTracker
 from resource_worker.tracing import AllocateTrace, AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.inventory import DeviceRecord
 from shared.metrics import Recorder, Result
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
@@ -61,6 +69,18 @@ def _short(value: object) -> object:
     return _logged(list(value)) if isinstance(value, tuple) else value
 
 
+class _PlacementView:
+    """The candidates placement weighs, with the records they were made from."""
+
+    def __init__(self, records: list[DeviceRecord]) -> None:
+        self.records = records
+        self.candidates: dict[str, Candidate] = {r.device_id: candidate_from_record(r) for r in records}
+
+    def made_from(self, records: list[DeviceRecord]) -> bool:
+        # The very same record objects: holding them keeps their identities from being reused.
+        return len(records) == len(self.records) and all(a is b for a, b in zip(records, self.records, strict=True))
+
+
 def _logged(ids: Sequence[str]) -> list[str]:
     """IDs as a log record carries them: bounded in count and length."""
     return [i[:64] for i in ids[:_LOGGED_IDS]]
@@ -76,6 +96,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._streams = streams
         self._stopping = stopping
         self._resource = table.resource.value
+        # Guards `_placement_view`: the candidates of the device records last seen, made anew only when the
+        # table holds other records (a scan), not on every GetPreferredAllocation.
+        self._view_lock = threading.Lock()
+        self._placement_view: _PlacementView | None = None
 
     def GetDevicePluginOptions(self, request, context):
         return OPTIONS
@@ -109,6 +133,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         finally:
             self._streams.closed(by_kubelet=not self._stopping.is_set())
 
+    def _candidates(self) -> dict[str, Candidate]:
+        records = [advertised.record for advertised in self._table.devices()]
+        with self._view_lock:
+            if self._placement_view is None or not self._placement_view.made_from(records):
+                self._placement_view = _PlacementView(records)
+            return self._placement_view.candidates
+
     def _flush_metrics_when_answered(self, context) -> None:
         """The call's metrics (and the rbln-smi calls it made) are written once the answer has gone out."""
         if not context.add_callback(self._metrics.flush):
@@ -118,7 +149,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         started = time.monotonic()
         self._flush_metrics_when_answered(context)
         response = api_pb2.PreferredAllocationResponse()
-        candidates = {a.device_id: candidate_from_record(a.record) for a in self._table.devices()}
+        candidates = self._candidates()
         fallbacks = 0
         for container in request.container_requests:
             chosen: list[str] = []

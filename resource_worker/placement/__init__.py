@@ -2,11 +2,13 @@
 
 A selection is scored lexicographically, lower is better (`score.Score`): NUMA,
 then cards, then PCI roots, then PCI distances, then the sorted IDs. `api.place`
-answers a request exactly by branch and bound (`search`) over classes of
-look-alike devices (`pool`), pruning with per-component lower bounds (`bounds`)
-built from pure relaxations (`relaxations`), starting from a greedy first
-answer (`incumbent`), within a fixed amount of work. `request` holds what
-crosses the boundary: candidates, validation and the check of every answer.
+answers a request exactly (`search`) over classes of look-alike devices
+(`pool`): the counting components in closed form (`counting`), then per PCI
+root the least largest distance over balls of its tree (`geometry`, `balls`)
+and the least distance sum and ID tie-break by a tree dynamic program
+(`tree_dp`), within a fixed amount of work; a greedy fill (`incumbent`) answers
+when that work runs out first. `request` holds what crosses the boundary:
+candidates, validation and the check of every answer.
 
 Invariant: callers use only what this module exports; everything else is the
 search's own and may change with it.

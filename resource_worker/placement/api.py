@@ -1,11 +1,11 @@
 """The entry point: validate a request, answer it within the work bound, check the answer.
 
-Invariant: every call does at most `WORK_BUDGET` units of search work beyond
-building a pool's tables, whatever the pool, so its time is bounded on any
-machine and its answer depends only on its input. The answer is the exact
-optimum when the search finishes (`proven_optimal`), else the best selection
-found, never worse than the heuristic first answer; either way it has passed
-`check_answer`.
+Invariant: every call does at most `WORK_BUDGET` units of search work (and one
+centre's walk more) beyond building a pool's tables, whatever the pool, so its
+time is bounded on any machine and its answer depends only on its input. The
+answer is the exact optimum when the search finishes (`proven_optimal`), else
+the better of the best selection the search completed and the greedy fill;
+either way it has passed `check_answer`.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ from resource_worker.placement.request import Candidate, check_answer, validate
 from resource_worker.placement.score import Score
 from resource_worker.placement.search import Search
 
-# Search work per call, in classes and tree nodes looked at (bounds) and classes added
-# (branches). Calibrated on CPU time: a call spending all of it costs 10-15 ms alone and
-# up to about 25 ms in a long run of calls on the reference machine (docs/placement.md).
-WORK_BUDGET = 10000
+# Search work per call: roughly one unit per class or tree node looked at, per pair of counts a
+# tree merge compares, per branch made. Calibrated on CPU time (docs/placement.md): a call
+# spending all of it costs at most about 13 ms of search on the reference machine, about 19 ms
+# with the greedy answer such a call then also computes.
+WORK_BUDGET = 40000
 
 
 class Shortfall(NamedTuple):
     component: str
-    """The first score component on which some unexplored selection might still beat the answer."""
+    """The first score component on which some selection might still beat the answer."""
     bound: object
-    """The lowest bound left there (None: not computed before the budget ran out)."""
+    """The optimum's value there (None: not settled before the budget ran out)."""
     answer: object
     """The answer's own value of that component."""
 
@@ -45,10 +46,11 @@ class Placement:
     score: Score | None
     """None when there was nothing to choose (all mandatory, or the whole pool)."""
     open_bound: tuple | None
-    """When the search was cut: the lowest bound left unexplored, as far as it was computed."""
+    """When the search was cut: the optimum's components it had settled, in order (the others unknown)."""
 
     def shortfall(self) -> Shortfall | None:
-        """When cut: the first component where the answer may be beaten, the bound there and the answer's value."""
+        """When cut: the first component where the answer may be beaten, the optimum there if it was settled
+        (else None), and the answer's value."""
         if self.open_bound is None or self.score is None:
             return None
         # The bound may stop before the last component: the components it does not reach are not compared.
@@ -71,7 +73,7 @@ def place(candidates: Mapping[str, Candidate], available: Sequence[str], must_in
     else:
         tables = tables_for(tuple(candidates[i] for i in request.pool))
         search = Search(tables, set(request.mandatory), size, budget)
-        outcome = search.run(first_selection(tables, search.classes, size, search.numa_choices))
+        outcome = search.run(lambda: first_selection(tables, search.classes, size, search.numa.options))
         chosen, score = outcome.selection, Score(*outcome.score_values)
         work, proven = outcome.work, outcome.proven_optimal
         open_bound = None if outcome.open_bound is None else tuple(outcome.open_bound)

@@ -1,19 +1,21 @@
-"""A fast first answer that the exact search then tries to beat.
+"""A fast greedy answer, for when the exact search runs out of work before it completes one.
 
 Invariant: `first_selection` returns a complete selection the request allows
 (every mandatory device, `size` devices in all), built in the score's order:
 as few unknown-NUMA devices and NUMA nodes as possible, then devices of cards
 already paid for before new cards (the roomiest first), then, device by
 device, the one adding the least to unreadable paths, cross-root pairs and
-distances. It only seeds the search: the answer is whatever the search proves
-or finds best, never this one unchecked.
+distances. It is asked for only when the search is cut; the answer is then the
+better of it and what the search completed, and is checked like any other.
 """
 
 from __future__ import annotations
 
-from resource_worker.placement.bounds import NumaChoice
+from collections.abc import Sequence
+
+from resource_worker.placement.counting import Limits
+from resource_worker.placement.geometry import forest
 from resource_worker.placement.pool import PoolTables
-from resource_worker.placement.relaxations import pairs
 from resource_worker.placement.state import RequestClasses
 
 # NUMA node sets and anchor roots tried; each costs one greedy fill.
@@ -21,11 +23,17 @@ _MAX_NUMA_SETS = 4
 _MAX_ANCHORS = 1
 
 
-def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choices: list[NumaChoice]) -> list:
+def _pairs(count: int) -> int:
+    return count * (count - 1) // 2
+
+
+def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choices: list[Limits]) -> list:
     """The score values (IDs last) of the best of a few greedy fills, one per way to meet the NUMA optimum
-    (`numa_choices`, roomiest first)."""
+    (`counting.numa_options`, roomiest first)."""
     best: list | None = None
-    for forced, allowed in choices[:_MAX_NUMA_SETS]:
+    for fewest, most in choices[:_MAX_NUMA_SETS]:
+        forced = list(fewest)
+        allowed = [c for c, (low, high) in enumerate(zip(fewest, most, strict=True)) if high > low]
         for anchor in _anchors(tables, forced, allowed):
             values = _fill(tables, classes, forced, allowed, anchor, size)
             if best is None or values < best:
@@ -34,7 +42,7 @@ def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choi
     return best
 
 
-def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[int | None]:
+def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> Sequence[int | None]:
     """Roots to fill first: the one the forced devices use most, else the roomiest ones."""
     held = [0] * tables.n_roots
     room = [0] * tables.n_roots
@@ -46,7 +54,7 @@ def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> list[
             room[tables.root[c]] += tables.size[c] - forced[c]
     if not tables.n_roots:
         return [None]
-    ranked = sorted(range(tables.n_roots), key=lambda x: (-held[x], -room[x], x))
+    ranked = sorted(range(tables.n_roots), key=lambda root: (-held[root], -room[root], root))
     return ranked[:1] if held[ranked[0]] else ranked[:_MAX_ANCHORS]
 
 
@@ -54,6 +62,7 @@ def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowe
           size: int) -> list:
     counts = forced
     need = size - sum(counts)
+    links = {c: pairs for tree in forest(tables) for c, pairs in tree.links.items()}
     # Cards: the forced ones are paid; new ones are opened roomiest first while they are still needed.
     open_cards = 0
     for c, count in enumerate(forced):
@@ -87,16 +96,16 @@ def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowe
         score[1] |= tables.numa_bit[cls]
         score[2] += 0 if tables.card_bit[cls] else count
         score[3] |= tables.card_bit[cls]
-        x = tables.root[cls]
-        if x < 0:
+        root = tables.root[cls]
+        if root < 0:
             score[4] += count
             return
-        score[5] += count * (sum(in_root) - in_root[x])
-        in_root[x] += count
-        pairs_inside = pairs(already + count) - pairs(already)
+        score[5] += count * (sum(in_root) - in_root[root])
+        in_root[root] += count
+        pairs_inside = _pairs(already + count) - _pairs(already)
         score[6] = max(score[6], slot_max[cls], tables.intra[cls] if pairs_inside else 0)
         score[7] += count * slot_sum[cls] + pairs_inside * tables.intra[cls]
-        for other, distance in tables.links[cls]:
+        for other, distance in links[cls]:
             slot_sum[other] += count * distance
             if distance > slot_max[other]:
                 slot_max[other] = distance
@@ -111,18 +120,18 @@ def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowe
             already = taken[c]
             if already >= tables.size[c]:
                 continue
-            x = tables.root[c]
+            root = tables.root[c]
             key = (0 if tables.card_bit[c] & open_cards else 1,
-                   x < 0,
-                   readable - in_root[x] if x >= 0 else 0,
-                   x != anchor,
-                   max(slot_max[c], tables.intra[c] if already else 0) if x >= 0 else 0,
-                   slot_sum[c] + already * tables.intra[c] if x >= 0 else 0,
+                   root < 0,
+                   readable - in_root[root] if root >= 0 else 0,
+                   root != anchor,
+                   max(slot_max[c], tables.intra[c] if already else 0) if root >= 0 else 0,
+                   slot_sum[c] + already * tables.intra[c] if root >= 0 else 0,
                    tables.first_id[c])
             if best_key is None or key < best_key:
                 best_key, best_class = key, c
         if best_class < 0:
-            break  # numa_choices leaves room enough; were it not so, the answer check would say so
+            break  # numa_options leaves room enough; were it not so, the answer check would say so
         # A class's devices are alike and close: take what it has, up to what is still needed.
         count = min(tables.size[best_class] - taken[best_class], need)
         if tables.card_bit[best_class]:

@@ -1,8 +1,9 @@
 """The score of a selection: one field per component, compared in field order, lower is better.
 
 Invariant: `score` is the definition. The search computes the same values
-incrementally and bounds them, and the tests compare both with this function
-on every selection of small pools; nothing else decides what "better" means.
+component by component, and the tests compare its answers and their scores with
+this function on every selection of small pools; nothing else decides what
+"better" means.
 """
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ class Score(NamedTuple):
     device_ids: tuple[str, ...]
     """The selection's IDs, sorted: the deterministic tie-break."""
 
-
-COMPONENTS = len(Score._fields)
-# The components the search bounds ahead of the IDs.
-NUMA, CARDS, CROSS_ROOT, MAX_DISTANCE = 1, 2, 4, 5
 
 
 def distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:
