@@ -5,10 +5,10 @@ a step reaches out to is handed in, so each transition can be driven and checked
 server (a factory, since every instance is a new server on a socket of its own) with its Register call and
 stream tracker, the look at the kubelet's socket, the clock, and the run dir of the status file.
 
-An instance registers with one kubelet only. When the kubelet it registered with is replaced (kubelet.sock
+An instance registers with one kubelet only. When the kubelet it called Register on is replaced (kubelet.sock
 has another identity), the watchdog restarts the worker, so that the new kubelet meets a new instance with
 no health history; the worker leaves that registration to its successor rather than making one the restart
-would undo, and makes it itself only if no restart comes within HANDOVER_SECONDS.
+would undo, and makes it itself only if no restart comes within HANDOVER_SECONDS of the new kubelet.sock.
 What the kubelet sees of it is in docs/kubelet.md#registration.
 """
 
@@ -144,9 +144,9 @@ class Worker:
         self._server: PluginInstance | None = None
         self._phase = Phase.UNREGISTERED
         self._registration: PendingRegistration | None = None
-        self._registering_with: SocketIdentity | None = None  # the kubelet.sock the call in flight went to
-        self._registered_with: SocketIdentity | None = None  # the kubelet.sock of the last accepted Register
-        self._handover_deadline: float | None = None  # set while waiting for the watchdog's restart
+        self._asked_kubelet: SocketIdentity | None = None  # the kubelet.sock the last Register call went to
+        self._handing_over = False  # waiting for the watchdog's restart after a kubelet restart
+        self._handover_deadline: float | None = None  # when a new kubelet.sock is there: the end of the wait
         self._retry_at = 0.0
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
@@ -240,7 +240,7 @@ class Worker:
         if kubelet is None:
             self._log_wait("INFO", "Waiting for the kubelet socket", path=str(self._kubelet_socket))
             return self._retry_later(now)
-        self._registering_with = kubelet
+        self._asked_kubelet = kubelet
         self._registration = server.register(self._kubelet_socket, self.wake)
         self._phase = Phase.REGISTERING
         return IDLE_CHECK_SECONDS
@@ -258,33 +258,39 @@ class Worker:
             self._phase = Phase.UNREGISTERED
             return self._retry_later(self._clock())
         self._phase = Phase.REGISTERED
-        self._registered_with = self._registering_with
         self._waiting_for = None
         self._backoff.reset()
         server.log_registered()
         return IDLE_CHECK_SECONDS
 
     def _await_replacement(self) -> float | None:
-        """While the kubelet this instance registered with has been replaced, not serving and waiting for the
-        watchdog's restart: the time left to wait; None once there is nothing to wait for."""
-        if not self._kubelet_replaced():
+        """While the kubelet this instance called Register on has been replaced, not serving and waiting for the
+        watchdog's restart: how long to wait before looking again; None once there is nothing to wait for."""
+        kubelet = self._kubelet_identity()
+        if self._asked_kubelet is None or kubelet == self._asked_kubelet:
+            # The same kubelet after all (its socket was only out of sight for a moment): nothing to wait for.
+            self._handing_over, self._handover_deadline = False, None
             return None
-        now = self._clock()
-        if self._handover_deadline is None:
-            self._handover_deadline = now + HANDOVER_SECONDS
+        if not self._handing_over:
+            self._handing_over = True
             logger.info("Kubelet restarted; waiting for the watchdog to restart this worker",
                         resourceName=self._resource.value)
             if self._server is not None:
                 self._stop_serving()
+        if kubelet is None:
+            return IDLE_CHECK_SECONDS  # the new kubelet has no socket yet: the watchdog's cue is still to come
+        now = self._clock()
+        if self._handover_deadline is None:
+            self._handover_deadline = now + HANDOVER_SECONDS
         if now < self._handover_deadline:
             return self._handover_deadline - now
         logger.warning("No restart came after the kubelet restarted; registering with the new kubelet",
                        resourceName=self._resource.value)
-        self._registered_with = self._handover_deadline = None
+        self._asked_kubelet, self._handing_over, self._handover_deadline = None, False, None
         return None
 
     def _kubelet_replaced(self) -> bool:
-        return self._registered_with is not None and self._kubelet_identity() != self._registered_with
+        return self._asked_kubelet is not None and self._kubelet_identity() != self._asked_kubelet
 
     def _log_wait(self, level: str, message: str, **fields: Any) -> None:
         """Say why the worker is not registered yet, once per reason; retries for the same reason log at debug."""

@@ -237,16 +237,20 @@ def test_after_a_kubelet_restart_the_worker_leaves_the_new_registration_to_the_w
         old.socket_exists = False
     else:
         old.streams.dropped = True
-    assert rig.worker.step() == HANDOVER_SECONDS
+    assert rig.worker.step() == IDLE_CHECK_SECONDS
     assert old.stopped and len(rig.plugins) == 1 and rig.worker.phase is Phase.UNREGISTERED
     assert rig.status()["registered"] is False and rig.status()["endpoint"] is None
     assert ("INFO", "Kubelet restarted; waiting for the watchdog to restart this worker") in logged
     assert not [msg for _, msg in logged if msg.startswith(("Device plugin socket was", "Kubelet ended"))]
+    rig.now += 3 * HANDOVER_SECONDS  # however long the new kubelet takes to make its socket
+    assert rig.worker.step() == IDLE_CHECK_SECONDS and len(rig.plugins) == 1
 
     rig.kubelet = RESTARTED_KUBELET
+    assert rig.worker.step() == HANDOVER_SECONDS, "the wait runs from the new kubelet.sock, the watchdog's cue"
     rig.now += 1.0
-    assert rig.worker.step() == pytest.approx(HANDOVER_SECONDS - 1.0), "a new kubelet.sock is the watchdog's cue"
+    assert rig.worker.step() == pytest.approx(HANDOVER_SECONDS - 1.0)
     assert len(rig.plugins) == 1
+    assert [msg for _, msg in logged].count("Kubelet restarted; waiting for the watchdog to restart this worker") == 1
     # No restart came (the watchdog is down, say): the worker registers with the new kubelet itself, once.
     rig.now += HANDOVER_SECONDS - 1.0
     assert rig.worker.step() == IDLE_CHECK_SECONDS
@@ -270,6 +274,36 @@ def test_a_register_refused_by_a_kubelet_going_away_waits_for_the_restart_once_t
     rig.now += BACKOFF_START
     assert rig.worker.step() == HANDOVER_SECONDS
     assert len(plugin.registrations) == 2 and plugin.stopped
+
+
+def test_a_kubelet_sock_out_of_sight_for_a_moment_is_the_same_kubelet_and_a_later_restart_still_waits(rig, logged):
+    old = rig.registered()
+    rig.kubelet = None
+    old.socket_exists = False  # removed by someone else while kubelet.sock could not be read
+    rig.worker.step()
+    rig.kubelet = FIRST_KUBELET
+    rig.now += 2 * HANDOVER_SECONDS
+    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    new = rig.plugin
+    assert len(rig.plugins) == 2 and len(new.registrations) == 1, "the same kubelet: registered again at once"
+    new.registrations[0].answer()
+    rig.worker.step()
+    rig.kubelet = RESTARTED_KUBELET
+    new.streams.dropped = True
+    assert rig.worker.step() == HANDOVER_SECONDS
+    assert new.stopped and len(new.registrations) == 1
+
+
+def test_a_kubelet_restart_during_the_first_registration_is_left_to_the_watchdog_too(rig):
+    rig.inventory("rbln0")
+    rig.worker.step()
+    plugin = rig.plugin
+    rig.kubelet = RESTARTED_KUBELET
+    plugin.registrations[0].answer(RegistrationError("UNAVAILABLE: the kubelet went away"))
+    assert rig.worker.step() == BACKOFF_START
+    rig.now += BACKOFF_START
+    assert rig.worker.step() == HANDOVER_SECONDS
+    assert plugin.stopped and len(plugin.registrations) == 1
 
 
 def test_a_stream_the_kubelet_drops_means_registering_again_on_the_same_socket(rig, logged):
