@@ -220,3 +220,30 @@ def test_the_servicer_falls_back_to_the_kubelet_when_the_check_fires(monkeypatch
     fallbacks = [r for r in records if r["message"] == "Preferred allocation fallback to kubelet"]
     assert len(fallbacks) == 1 and fallbacks[0]["level"].name == "WARNING"
     assert "PlacementCheckError" in fallbacks[0]["extra"]["err"] and "repeated" in fallbacks[0]["extra"]["err"]
+
+
+def test_a_search_the_work_bound_cuts_is_told_in_a_debug_record_and_still_answers(monkeypatch):
+    # Eight devices of their own cards on two NUMA nodes: a budget of one unit cuts the search.
+    table = DeviceTable(Resource.NPU)
+    table.apply(message(devices=tuple(record(f"rbln{i}", npu=i, numa_node=i % 2, sid=f"SN{i}",
+                                             bus_id=f"0000:{3 + i:02x}:00.0",
+                                             pci_path=("pci0000:00", f"0000:{3 + i:02x}:00.0"))
+                                      for i in range(8))))
+    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None,
+                                    metrics=Recorder(None))
+    monkeypatch.setattr("resource_worker.servicer.place", lambda *args: place(*args, budget=1))
+    records = []
+    sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
+    try:
+        chosen = _preferred(servicer, [f"rbln{i}" for i in range(8)], 3)
+    finally:
+        logger.remove(sink)
+    assert len(chosen) == 3 and len({int(i[4:]) % 2 for i in chosen}) == 1, "the first answer keeps one NUMA node"
+    answered = [r for r in records if r["message"] == "Preferred allocation"]
+    assert len(answered) == 1 and answered[0]["extra"]["provenOptimal"] is False
+    cut = [r for r in records if r["message"] == "Preferred allocation search stopped at its work bound"]
+    assert len(cut) == 1 and cut[0]["level"].name == "DEBUG"
+    fields = cut[0]["extra"]
+    assert fields["workBudget"] == placement_api.WORK_BUDGET
+    assert fields["searchWork"] == answered[0]["extra"]["searchWork"] <= 1, "the work of the call, within its budget"
+    assert fields["openComponent"] in placement_api.Score._fields and "answerValue" in fields and "openBound" in fields
