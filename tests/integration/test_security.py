@@ -120,8 +120,9 @@ def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_gro
     for name, info in program_info(node).items():
         with open(f"/proc/{info['pid']}/status") as status:
             assert "Umask:\t0027\n" in status.read(), name
-    log_files = sorted(node.log_dir.glob("*.log"))
-    assert len(log_files) == 5 and {stat.S_IMODE(path.stat().st_mode) for path in log_files} == {0o640}
+    # Each program makes its log file when it first logs, which need not be before the NPU is served.
+    wait_until(lambda: len(list(node.log_dir.glob("*.log"))) == 5, 15, "a log file for each of the 5 programs")
+    assert {stat.S_IMODE(path.stat().st_mode) for path in node.log_dir.glob("*.log")} == {0o640}
 
 
 def test_supervisord_starts_quietly_and_its_secret_stays_in_the_private_run_dir(make_node, kubelet, start_stack):
