@@ -11,16 +11,13 @@ better of it and what the search completed, and is checked like any other.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from resource_worker.placement.counting import Limits
 from resource_worker.placement.geometry import forest
 from resource_worker.placement.pool import PoolTables
 from resource_worker.placement.state import RequestClasses
 
-# NUMA node sets and anchor roots tried; each costs one greedy fill.
+# NUMA node sets tried; each costs one greedy fill.
 _MAX_NUMA_SETS = 4
-_MAX_ANCHORS = 1
 
 
 def _pairs(count: int) -> int:
@@ -34,16 +31,15 @@ def first_selection(tables: PoolTables, classes: RequestClasses, size: int, choi
     for fewest, most in choices[:_MAX_NUMA_SETS]:
         forced = list(fewest)
         allowed = [c for c, (low, high) in enumerate(zip(fewest, most, strict=True)) if high > low]
-        for anchor in _anchors(tables, forced, allowed):
-            values = _fill(tables, classes, forced, allowed, anchor, size)
-            if best is None or values < best:
-                best = values
+        values = _fill(tables, classes, forced, allowed, _anchor(tables, forced, allowed), size)
+        if best is None or values < best:
+            best = values
     assert best is not None
     return best
 
 
-def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> Sequence[int | None]:
-    """Roots to fill first: the one the forced devices use most, else the roomiest ones."""
+def _anchor(tables: PoolTables, forced: list[int], allowed: list[int]) -> int | None:
+    """The root to fill first: the one the forced devices use most, else the roomiest one."""
     held = [0] * tables.n_roots
     room = [0] * tables.n_roots
     for c, count in enumerate(forced):
@@ -53,9 +49,8 @@ def _anchors(tables: PoolTables, forced: list[int], allowed: list[int]) -> Seque
         if tables.root[c] >= 0:
             room[tables.root[c]] += tables.size[c] - forced[c]
     if not tables.n_roots:
-        return [None]
-    ranked = sorted(range(tables.n_roots), key=lambda root: (-held[root], -room[root], root))
-    return ranked[:1] if held[ranked[0]] else ranked[:_MAX_ANCHORS]
+        return None
+    return min(range(tables.n_roots), key=lambda root: (-held[root], -room[root], root))
 
 
 def _fill(tables: PoolTables, classes: RequestClasses, forced: list[int], allowed: list[int], anchor: int | None,

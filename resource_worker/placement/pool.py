@@ -88,7 +88,6 @@ class PoolTables:
         # Tree nodes: every prefix of a class's `shared` path, so a node's parent is a node too.
         self.node_parent = [node_index.get(path[:-1], -1) for path in node_index]
         self.node_root = [root_index[path[0]] for path in node_index]
-        self.node_depth = [len(path) for path in node_index]
         self.chain = [intra // 2 for intra in self.intra]
         """Hops from `attach` down to each device of the class, through nodes no other device shares."""
         rank = {c.device_id: i for i, c in enumerate(pool)}
@@ -132,5 +131,5 @@ class _Tree:
 
 @functools.lru_cache(maxsize=_CACHED_POOLS)
 def tables_for(pool: tuple[Candidate, ...]) -> PoolTables:
-    """The tables for a pool, found again by value: the servicer builds new candidates per request."""
+    """The tables for a pool, found again by value: a scan gives the servicer new candidates of the same devices."""
     return PoolTables(pool)
