@@ -30,8 +30,10 @@ from shared.version import VERSION
 def plugin_factory(settings: Settings, table: DeviceTable, allocator: Allocator, tracer: AllocationTracer,
                    metrics: Recorder) -> Callable[[Callable[[], None]], PluginInstance]:
     """Makes the resource's plugin server, a new one for each instance."""
+    frozen = False
 
     def new_plugin(on_stream_change: Callable[[], None]) -> PluginInstance:
+        nonlocal frozen
         # Imported here: gRPC, the API, placement and prometheus_client cost a process about 16 MB, which
         # a worker whose resource the node does not have (most nodes have one of the three) never pays.
         from resource_worker.plugin_server import PluginServer
@@ -39,12 +41,14 @@ def plugin_factory(settings: Settings, table: DeviceTable, allocator: Allocator,
         metrics.load(table.resource.value, [command.value for command in GROUP_COMMANDS])
         server = PluginServer(table, allocator, settings.kubelet_device_plugin_path, on_stream_change, tracer,
                               metrics)
-        # What the imports and the server made lives as long as the process: out of the collector's reach, a
-        # full collection no longer walks it (about 16 ms at 34 000 objects), which would otherwise land in
-        # whichever GetPreferredAllocation or Allocate happened to trigger it. Collected first, so that no
-        # garbage is frozen with it.
-        gc.collect()
-        gc.freeze()
+        if not frozen:
+            # What the imports made lives as long as the process: out of the collector's reach, a full
+            # collection no longer walks it (about 16 ms at 34 000 objects), which would otherwise land in
+            # whichever GetPreferredAllocation or Allocate happened to trigger it. Collected first, so that no
+            # garbage is frozen with it; once, as later instances add only a server's worth.
+            gc.collect()
+            gc.freeze()
+            frozen = True
         return server
 
     return new_plugin
