@@ -114,7 +114,9 @@ def test_metrics_off_listen_nowhere_and_write_nothing(make_node, kubelet, start_
     kubelet.wait_for_devices(NPU, {"rbln0": "Healthy"}, timeout=30)
     kubelet.allocate(NPU, [["rbln0"]])
     stack.wait_for_record("Completed container allocation")
-    assert all(r["metricsPort"] == -1 for r in stack.find("Starting rbln-device-plugin"))
+    # Every program started (the watchdog last), so that what it would listen on or write is there to see.
+    started = stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
+    assert {r["process"] for r in started} == set(PROGRAMS) and all(r["metricsPort"] == -1 for r in started)
     assert not stack.find("Metrics endpoint listening")
     assert not metrics_dir(node.run_dir).exists()
     assert listening_ports(program_info(node)["watchdog"]["pid"]) == set()

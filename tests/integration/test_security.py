@@ -117,6 +117,8 @@ def test_the_files_the_stack_creates_on_the_node_are_private_to_root_and_its_gro
     node = make_node("1")
     start_stack(node)
     kubelet.wait_for_devices(NPU, lambda view: view.connected, timeout=30)
+    wait_until(lambda: all(info["statename"] == "RUNNING" for info in program_info(node).values()), 15,
+               "every program running")
     for name, info in program_info(node).items():
         with open(f"/proc/{info['pid']}/status") as status:
             assert "Umask:\t0027\n" in status.read(), name
@@ -210,8 +212,9 @@ def test_the_stack_runs_as_an_unprivileged_user(make_node, node_root, kubelet):
     stack = StackProcess({**os.environ, **node.env("200ms")}, command=command).start()
     try:
         kubelet.wait_for_devices(NPU, lambda view: view.connected and view.updates > 0, timeout=60)
+        # supervisord starts the programs by priority: the NPU served says nothing of the watchdog yet.
+        wait_until(lambda: len(children(stack.pid)) == 5, 15, "supervisord's five programs")
         programs = children(stack.pid)
-        assert len(programs) == 5
         assert {process_uid(pid) for pid in [stack.pid, *programs]} == {user}
     finally:
         assert stack.stop() == 0
