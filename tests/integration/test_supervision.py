@@ -154,6 +154,27 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
     assert listening_ports(program_info(node)["watchdog"]["pid"]) == set()
 
 
+def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_itself(make_node, kubelet,
+                                                                                    start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    server_proxy(node.run_dir).supervisor.stopProcess("watchdog")  # stopProcess returns once it is stopped
+    before = registrations(kubelet)
+    kubelet.restart()
+    # Nobody restarts the workers: after their wait each registers the instance it has, once.
+    await_serving(kubelet, since=before)
+    waited = stack.wait_for_record("Kubelet restarted; waiting for the watchdog to restart this worker",
+                                   count=len(DEVICES))
+    gave_up = stack.wait_for_record("No restart came after the kubelet restarted; registering with the new kubelet",
+                                    count=len(DEVICES))
+    assert sorted(r["resourceName"] for r in waited) == sorted(r["resourceName"] for r in gave_up) == sorted(DEVICES)
+    assert {r["level"] for r in gave_up} == {"warn"}
+    assert registrations(kubelet) == {resource: count + 1 for resource, count in before.items()}
+    assert all(len(stack.find("Starting rbln-device-plugin", process=worker)) == 1 for worker in WORKERS)
+    assert {name: view.devices.keys() for name, view in kubelet.resources().items()} == DEVICES
+
+
 def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others(make_node, kubelet, start_stack):
     node = make_node(NODE)
     stack = start_stack(node)
