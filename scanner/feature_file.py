@@ -76,6 +76,14 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
         raise
 
 
+def _identity(path: pathlib.Path) -> tuple[int, int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
+
+
 class FeatureFile:
     """Keeps one feature file: `update` after every scan, `remove` at stop. Owned by the scanner's thread."""
 
@@ -88,7 +96,10 @@ class FeatureFile:
         self._wall_clock = wall_clock
         self._written: dict[str, str] | None = None
         self._expires_at = 0.0
+        # The file as this keeper left it (inode, mtime, size): another writer or a deletion shows as a change.
+        self._identity: tuple[int, int, int] | None = None
         self._failing = False
+        self._overwrite_reported = False
 
     def update(self, labels: Mapping[str, str] | None) -> None:
         """Write `labels` when they differ from the file's or its expiry is near. None means the scan could
@@ -99,7 +110,13 @@ class FeatureFile:
             return
         labels = dict(labels)
         if labels == self._written and self._expires_at - now > self._margin:
-            return
+            if _identity(self.path) == self._identity:
+                return
+            if not self._overwrite_reported:
+                # Two writers of one file (Rebellions' feature discovery too?) would flap the node's labels.
+                logger.warning("Node feature file was changed or removed by something else; writing it again",
+                               path=str(self.path))
+                self._overwrite_reported = True
         expires_at = now + self._lifetime
         try:
             write_atomically(self.path, render(labels, expires_at))
@@ -116,6 +133,7 @@ class FeatureFile:
         self._failing = False
         self._written = labels
         self._expires_at = expires_at
+        self._identity = _identity(self.path)
 
     def remove(self) -> None:
         """At stop: the labels go with the stack."""

@@ -94,6 +94,25 @@ def test_the_expiry_never_lapses_while_the_scanner_runs_and_is_renewed_rarely(tm
     assert writes <= changes + renewals_allowed + 1
 
 
+def test_a_file_deleted_or_changed_by_something_else_is_written_again_and_said_once(tmp_path, logs):
+    path, clock = tmp_path / "rbln-features", Clock()
+    keeper = FeatureFile(path, scan_interval=5.0, wall_clock=clock)
+    keeper.update(LABELS)
+    written = path.read_text()
+    path.unlink()
+    keeper.update(LABELS)
+    assert path.read_text() == written
+    path.write_text(render({"rebellions.ai/npu.present": "false"}, START + 60))  # another writer
+    keeper.update(LABELS)
+    assert parse(path.read_text())[1] == LABELS
+    with path.open("a") as appended:
+        appended.write("rebellions.ai/extra=1\n")
+    keeper.update(LABELS)
+    assert parse(path.read_text())[1] == LABELS
+    assert [r["msg"] for r in logs if r["level"] == "WARNING"] == [
+        "Node feature file was changed or removed by something else; writing it again"]
+
+
 def test_an_unknown_scan_leaves_the_file_as_it_is(tmp_path):
     path, clock = tmp_path / "rbln-features", Clock()
     keeper = FeatureFile(path, scan_interval=5.0, wall_clock=clock)
