@@ -79,9 +79,18 @@ def rule_labels(sysfs_root: pathlib.Path, rules: pathlib.Path) -> tuple[dict[str
     return answer["labels"], answer["features"]["pci.device"]
 
 
-def crds() -> list[dict]:
+def _crds_path() -> pathlib.Path:
     path = os.environ.get("NFD_CRDS", "")
     if not path or not os.path.isfile(path):
         raise RuntimeError("NFD_CRDS is not set to NFD's CRD manifest: run the NFD checks with tests/nfd/run.sh")
-    with open(path, encoding="utf-8") as handle:
+    return pathlib.Path(path)
+
+
+def crds() -> list[dict]:
+    with _crds_path().open(encoding="utf-8") as handle:
         return [doc for doc in yaml.safe_load_all(handle) if doc]
+
+
+def nfd_module_dir() -> pathlib.Path:
+    """The pinned NFD module in Go's module cache (NFD_CRDS is its deployment/base/nfd-crds/nfd-api-crds.yaml)."""
+    return _crds_path().parents[3]
