@@ -12,6 +12,7 @@ from loguru import logger
 
 from scanner import feature_file
 from scanner.feature_file import LIFETIME_SECONDS, FeatureFile, parse, render, renewal_margin
+from tests.unit.test_discovery import as_unprivileged, open_to_all
 
 START = 1_790_000_000.0  # 2026-09-21T14:13:20Z, a whole second
 LABELS = {"rebellions.ai/npu.present": "true", "rebellions.ai/npu.count": "4"}
@@ -180,3 +181,29 @@ def test_a_full_disk_keeps_the_old_file_whole_leaves_no_temp_file_and_is_reporte
     assert _write_with_file_size_limit(path, 256, many) == 1
     assert path.read_text() == old
     assert os.listdir(tmp_path) == ["rbln-features"]
+
+
+def _errors_of_three_scans(path) -> int:
+    errors: list[str] = []
+    logger.remove()
+    logger.add(lambda m: errors.append(m), level="ERROR", format="{message}")
+    keeper = FeatureFile(path, scan_interval=5.0)
+    for _ in range(3):
+        keeper.update(LABELS)
+    return len(errors)
+
+
+def test_a_read_only_directory_is_reported_once_and_keeps_the_old_file(short_tmp):
+    features = short_tmp / "features.d"
+    features.mkdir()
+    FeatureFile(features / "rbln-features", scan_interval=5.0).update({"rebellions.ai/npu.present": "false"})
+    old = (features / "rbln-features").read_text()
+    open_to_all(short_tmp)
+    features.chmod(0o555)  # root writes regardless (CAP_DAC_OVERRIDE): the keeper runs unprivileged
+    try:
+        assert as_unprivileged(_errors_of_three_scans, features / "rbln-features") == 1
+    finally:
+        features.chmod(0o755)
+    assert (features / "rbln-features").read_text() == old
+    assert os.listdir(features) == ["rbln-features"]
+
