@@ -122,8 +122,8 @@ class FeatureFile:
             write_atomically(self.path, render(labels, expires_at))
         except OSError as exc:
             if not self._failing:
-                logger.error("Cannot write the node feature file; node labels are not kept until it can be "
-                             "written", path=str(self.path), err=f"{exc.strerror or exc}")
+                logger.error("Cannot write the node feature file; node labels are not kept until it can be written",
+                             path=str(self.path), err=f"{exc.strerror or exc}")
             self._failing = True
             return
         if self._failing:
