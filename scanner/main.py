@@ -9,10 +9,13 @@ import zmq
 from loguru import logger
 
 from scanner.discovery import Exclusion, ScanResult, scan
+from scanner.feature_file import FeatureFile
+from scanner.node_labels import NodeFacts, derive_labels
 from scanner.publisher import InventoryPublisher
 from shared import ipc, process_status
 from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, Settings
+from shared.device_health import Health, HealthHistory
 from shared.metrics import Recorder, recorder_for
 from shared.process_lifecycle import ShutdownSignal, start_process
 from shared.programs import SCANNER
@@ -45,6 +48,34 @@ class ScanReporter:
                      resources={r.value: len(d) for r, d in result.inventories.items() if d})
 
 
+class NodeLabeller:
+    """Turns each scan into the node's labels and keeps them in NFD_FEATURE_FILE.
+
+    Health is judged as the workers judge it (shared.device_health), with a history of its own, so
+    `npu.healthy` counts the devices the kubelet is told are Healthy."""
+
+    def __init__(self, feature_file: FeatureFile) -> None:
+        self._file = feature_file
+        self._history = HealthHistory()
+
+    def facts(self, result: ScanResult) -> NodeFacts | None:
+        if result.error is not None:
+            return None
+        advertised = [device for devices in result.inventories.values() for device in devices]
+        healthy = sum(self._history.observe(d.device_id, d.status, d.observed_at_ns).health is Health.HEALTHY
+                      for d in advertised)
+        return NodeFacts(npu_products=result.npu_products, vf1_count=len(result.inventories[Resource.NPU_VF1]),
+                         vf4_count=len(result.inventories[Resource.NPU_VF4]), healthy=healthy,
+                         driver_version=result.driver_version)
+
+    def update(self, result: ScanResult) -> None:
+        facts = self.facts(result)
+        self._file.update(None if facts is None else derive_labels(facts))
+
+    def remove(self) -> None:
+        self._file.remove()
+
+
 def warn_if_legacy_names_asked_for(settings: Settings) -> None:
     """USE_GENERIC_RESOURCE_NAME=false asked the original for per-product resource names; there are none here.
 
@@ -64,6 +95,8 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
     epoch = uuid.uuid4().hex
     sequence = {resource: 0 for resource in Resource}
     reporter = ScanReporter()
+    labeller = (NodeLabeller(FeatureFile(settings.nfd_feature_file, settings.device_scan_interval))
+                if settings.nfd_feature_file else None)
     context = zmq.Context()
     publisher = InventoryPublisher(context, settings.run_dir)
     publisher.start()
@@ -78,6 +111,8 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error))
             reporter.report(result, time.monotonic() - started)
+            if labeller is not None:
+                labeller.update(result)
             metrics.flush()
             process_status.write_status(settings.run_dir, SCANNER, {
                 "resources": {r.value: len(d) for r, d in result.inventories.items()},
@@ -86,6 +121,8 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             })
             shutdown.wait(max(0.0, started + settings.device_scan_interval - time.monotonic()))
     finally:
+        if labeller is not None:
+            labeller.remove()
         publisher.stop()
         context.term()
         process_status.remove_status(settings.run_dir, SCANNER)

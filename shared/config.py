@@ -78,6 +78,18 @@ def _interval(text: str) -> float:
     return seconds
 
 
+def _feature_file(text: str) -> pathlib.Path | None:
+    """NFD_FEATURE_FILE: empty is off; NFD's local source reads every file of its directory but dotfiles."""
+    if not text:
+        return None
+    path = pathlib.Path(text)
+    if text.endswith("/") or path.name in ("", ".", ".."):
+        raise ValueError("must name a file, not a directory")
+    if path.name.startswith("."):
+        raise ValueError("NFD ignores a feature file whose name starts with a dot")
+    return path
+
+
 def _endpoint(text: str) -> str:
     return text.strip()
 
@@ -143,6 +155,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_dir", None, "RBLN_DEVICE_PLUGIN_LOG_DIR", "/var/log/rbln-device-plugin", _optional_path,
            "per-process rotated log files; empty disables"),
     Option("node_name", None, "NODE_NAME", "", str, "node name on traces and the startup log"),
+    Option("nfd_feature_file", "--nfd-feature-file", "NFD_FEATURE_FILE", "", _feature_file,
+           "node labels for Node Feature Discovery's local source, kept in this file; empty disables"),
 )
 
 
@@ -163,6 +177,7 @@ class Settings:
     run_dir: pathlib.Path
     log_dir: pathlib.Path | None
     node_name: str
+    nfd_feature_file: pathlib.Path | None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -203,6 +218,7 @@ class Settings:
             "runDir": str(self.run_dir),
             "logDir": str(self.log_dir) if self.log_dir else "",
             "nodeName": self.node_name,
+            "nfdFeatureFile": str(self.nfd_feature_file) if self.nfd_feature_file else "",
         }
 
 

@@ -33,6 +33,7 @@ _ERROR_EXCERPT = 2048
 # An npu index goes into `group -c G -a N1,N2`: a comma or a blank in it would name other devices.
 _NPU_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _MAX_NAME_IN_ERROR = 80
+_MAX_VERSION_CHARS = 256
 # All of the stack's environment the tool gets: what any command-line tool expects, nothing more (its
 # documentation names no variable of its own). Settings, supervisord's socket URL or an OTLP header
 # token are no business of the tool's.
@@ -82,6 +83,8 @@ class SmiListing:
     devices: tuple[SmiDevice, ...]
     rejected: tuple[str, ...]
     """Why entries were left out (missing or mistyped fields), one line each."""
+    kmd_version: str = ""
+    """The driver's version as the tool prints it (`KMD_version`); empty when absent or not text."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +251,11 @@ def parse_listing(output: bytes) -> SmiListing:
             devices.append(_parse_device(entry))
         except ValueError as exc:
             rejected.append(str(exc))
-    return SmiListing(tuple(devices), tuple(rejected))
+    kmd_version = document.get("KMD_version")
+    # Cut short, a version would read as another one: one too long for a label is no version.
+    if not isinstance(kmd_version, str) or len(kmd_version) > _MAX_VERSION_CHARS:
+        kmd_version = ""
+    return SmiListing(tuple(devices), tuple(rejected), kmd_version.strip())
 
 
 class RblnSmi:

@@ -3,7 +3,7 @@
 Layout under the root:
     sys/        SYSFS_ROOT: devices/pci0000:00/... (see simulator.pci), bus/pci/devices/<BDF>
                 (relative symlinks into devices/), class/rebellions/<PF>/status ("0\\n";
-                VFs have no status file unless `set_status` writes one)
+                VFs have no status file unless `set_status` writes one) and .../kernel_version
     dev/        DEV_ROOT: rbln<i>, rbln<i>-<j>, rsd0 and one rsd<G> per RSD group, regular files
     bin/rbln-smi  the stand-in (simulator.rbln_smi_standin)
     smi/        its private state: state.json, calls.jsonl, locks
@@ -135,6 +135,17 @@ class SimulatedNode:
         data = value if isinstance(value, bytes) else (f"{value}\n" if isinstance(value, int) else value).encode()
         _replace(path, data)
 
+    def kernel_version_file(self, device_id: str) -> pathlib.Path:
+        return self.sysfs_root / "class" / "rebellions" / device_id / "kernel_version"
+
+    def set_driver_version(self, version: str) -> None:
+        """A driver upgrade: the version rbln-smi prints (`KMD_version`) and every PF's `kernel_version`."""
+        with smi_state.update(str(self.state_dir)) as state:
+            state["kmd_version"] = version
+        for device in self.inventory:
+            if not device.is_vf:
+                _replace(self.kernel_version_file(device.device), f"{version}\n".encode())
+
     def remove_device(self, device_id: str) -> None:
         """Hide the device from rbln-smi output; its sysfs entries and /dev node stay."""
         self.device(device_id)
@@ -224,7 +235,9 @@ def _write_sysfs(node: SimulatedNode) -> None:
         make_function(bridge, {"class": "0x060400"})
     for device in node.inventory:
         pf_id, vf_id = _PCI_IDS.get(device.product, ("0000", "0000"))
-        attributes = {"vendor": "0x1eff", "device": f"0x{vf_id if device.is_vf else pf_id}", "class": "0x120000"}
+        device_id = f"0x{vf_id if device.is_vf else pf_id}"
+        attributes = {"vendor": "0x1eff", "device": device_id, "class": "0x120000",
+                      "subsystem_vendor": "0x1eff", "subsystem_device": device_id}
         if device.numa_node is not None:
             attributes["numa_node"] = str(device.numa_node)
         if not device.is_vf:
@@ -237,6 +250,7 @@ def _write_sysfs(node: SimulatedNode) -> None:
         for j, vf in enumerate(vfs):
             (directory / f"virtfn{j}").symlink_to(f"../{vf.bus_id}")
         node.set_status(device.device, 0)
+        _replace(node.kernel_version_file(device.device), f"{KMD_VERSION}\n".encode())
 
 
 def _smi_entry(device: SimDevice) -> dict[str, Any]:

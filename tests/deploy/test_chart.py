@@ -385,10 +385,15 @@ def test_metrics_off_means_no_port_no_annotations_and_no_pod_monitor():
     ((), "GET /metrics on port 51516"),
 ])
 def test_notes_say_where_the_metrics_are(sets, says):
+    assert says in install_notes(*sets)
+
+
+def install_notes(*sets: str) -> str:
+    """What `helm install` prints (a client-side dry run), with `sets` as --set KEY=VALUE."""
     args = [arg for item in sets for arg in ("--set", item)]
     result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
     assert result.returncode == 0, result.stderr
-    assert says in result.stdout
+    return result.stdout
 
 
 def test_the_pod_monitor_passes_the_checks_and_a_wrong_port_name_would_not():
@@ -441,8 +446,9 @@ def host_paths(spec: dict) -> list[tuple[str, str, str, str, str]]:
 
 # What the stack writes on the node, and so the only hostPath volumes mounted read-write: the kubelet's
 # directory (worker sockets), the CDI root (stale specs removed at start), /dev (the device nodes rbln-smi
-# opens), the RSD lock file (flock) and the log dir. A new one must be argued for in docs/security.md.
-READ_WRITE_VOLUMES = {"kubelet-device-plugins", "cdi-root", "dev", "rsd-lock", "log-dir"}
+# opens), the RSD lock file (flock), the log dir and NFD's feature directory (the node-label file, with
+# featureDiscovery.enabled). A new one must be argued for in docs/security.md.
+READ_WRITE_VOLUMES = {"kubelet-device-plugins", "cdi-root", "dev", "rsd-lock", "log-dir", "nfd-features"}
 
 
 def test_every_host_path_and_its_mode():
@@ -756,3 +762,67 @@ def test_termination_message_is_kept_out_of_the_nodes_dev():
     container = plugin_container()
     assert not container["terminationMessagePath"].startswith("/dev/")
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+# --- Node labels (NFD) -------------------------------------------------------------------------------
+
+NFD_API = ("nfd.k8s-sigs.io/v1alpha1",)
+FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+def node_feature_rules(*sets: str, **kwargs) -> list[dict]:
+    return [doc for doc in render(*sets, **kwargs) if doc["kind"] == "NodeFeatureRule"]
+
+
+def test_node_labels_are_off_by_default_so_a_drop_in_changes_nothing():
+    assert render(api_versions=NFD_API) == render()
+    assert "NFD_FEATURE_FILE" not in env_of(plugin_container())
+    assert FEATURES_DIR not in mounts_of()
+    assert node_feature_rules(api_versions=NFD_API) == []
+
+
+def test_feature_discovery_mounts_the_feature_dir_and_sets_the_file():
+    assert env_of(plugin_container("featureDiscovery.enabled=true"))["NFD_FEATURE_FILE"] == \
+        f"{FEATURES_DIR}/rbln-features"
+    assert mounts_of("featureDiscovery.enabled=true")[FEATURES_DIR] == ("hostPath", FEATURES_DIR, False)
+    assert ("plugin", "nfd-features", FEATURES_DIR, "DirectoryOrCreate", "rw") in host_paths(
+        pod_spec("featureDiscovery.enabled=true"))
+    moved = ("featureDiscovery.enabled=true", "featureDiscovery.featuresDir=/var/lib/nfd/features.d/")
+    assert env_of(plugin_container(*moved))["NFD_FEATURE_FILE"] == "/var/lib/nfd/features.d/rbln-features"
+    assert mounts_of(*moved)["/var/lib/nfd/features.d/"] == ("hostPath", "/var/lib/nfd/features.d/", False)
+
+
+def test_the_node_feature_rule_labels_rebellions_pci_nodes_to_meet_the_default_node_selector():
+    assert node_feature_rules("nodeFeatureRule.enabled=true") == []  # a cluster without NFD's CRDs
+    (rule,) = node_feature_rules("nodeFeatureRule.enabled=true", api_versions=NFD_API)
+    assert rule["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1" and "namespace" not in rule["metadata"]
+    (entry,) = rule["spec"]["rules"]
+    assert entry["labels"] == {"rebellions.ai/npu.present": "true"} == pod_spec()["nodeSelector"]
+    assert entry["matchFeatures"] == [{"feature": "pci.device",
+                                       "matchExpressions": {"vendor": {"op": "In", "value": ["1eff"]}}}]
+
+
+def test_the_node_feature_rule_passes_the_checks_and_a_broken_one_would_not():
+    docs = render(values=ROOT / "deploy/helm/ci-values/node-labels.yaml", api_versions=NFD_API)
+    assert [doc["kind"] for doc in docs].count("NodeFeatureRule") == 1
+    assert manifest_checks.problems(docs) == []
+    broken = [dict(doc) for doc in docs]
+    rule = next(doc for doc in broken if doc["kind"] == "NodeFeatureRule")
+    rule["metadata"] = {**rule["metadata"], "namespace": NAMESPACE}
+    rule["spec"] = {"rules": [{"name": "x", "labels": {"rebellions.ai/npu.present": "yes please"}}]}
+    assert [problem.split(": ", 1)[1] for problem in manifest_checks.problems(broken)] == [
+        "a NodeFeatureRule is cluster-scoped; metadata.namespace has no place in it",
+        "matches on nothing (no matchFeatures, no matchAny): it would label every node",
+        "label rebellions.ai/npu.present has the value 'yes please', not a label value",
+        "its labels {'rebellions.ai/npu.present': 'yes please'} do not meet the nodeSelector "
+        "{'rebellions.ai/npu.present': 'true'} of DaemonSet/k8s-device-plugin-chart"]
+
+
+@pytest.mark.parametrize(("sets", "says"), [
+    (("nodeFeatureRule.enabled=true",),
+     "does not serve nfd.k8s-sigs.io/v1alpha1 (Node Feature Discovery's CRDs): no NodeFeatureRule was made"),
+    (("featureDiscovery.enabled=true",),
+     f"Node labels for NFD's local source are kept in {FEATURES_DIR}/rbln-features"),
+])
+def test_notes_say_what_became_of_the_node_labels(sets, says):
+    assert says in install_notes(*sets)

@@ -10,7 +10,8 @@ from tests.deploy import ROOT
 
 GUIDE = (ROOT / "docs" / "operations.md").read_text()
 STACK_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog")
-VALUE_ROOTS = ("devicePlugin", "logging", "paths", "partitionReadyGate", "image", "metrics")
+VALUE_ROOTS = ("devicePlugin", "logging", "paths", "partitionReadyGate", "image", "metrics", "featureDiscovery",
+               "nodeFeatureRule")
 
 
 def _code_spans() -> set[str]:

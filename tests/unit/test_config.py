@@ -123,3 +123,24 @@ def test_the_startup_record_shows_every_setting():
     assert fields["metricsPort"] == 9400
     assert fields["kubeletPodResourcesSocket"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert len(fields) == len(OPTIONS)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("", None),  # the default: no node labels
+    ("/etc/kubernetes/node-feature-discovery/features.d/rbln-features",
+     pathlib.Path("/etc/kubernetes/node-feature-discovery/features.d/rbln-features")),
+    ("features.d/rbln-features", pathlib.Path("features.d/rbln-features")),
+])
+def test_the_nfd_feature_file_is_off_by_default_and_a_path_otherwise(value, expected):
+    assert Settings.from_environ({"NFD_FEATURE_FILE": value}).nfd_feature_file == expected
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("/etc/features.d/.rbln-features", "NFD ignores a feature file whose name starts with a dot"),
+    ("/etc/features.d/", "must name a file, not a directory"),
+    ("/etc/features.d/..", "must name a file, not a directory"),
+])
+def test_a_feature_file_nfd_would_not_read_is_refused(value, fragment):
+    with pytest.raises(ConfigError, match="NFD_FEATURE_FILE") as caught:
+        Settings.from_environ({"NFD_FEATURE_FILE": value})
+    assert fragment in str(caught.value)

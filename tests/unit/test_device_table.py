@@ -5,7 +5,6 @@ import random
 import threading
 
 import pytest
-from loguru import logger
 
 from resource_worker.allocation import AllocationError, Allocator, ErrorKind
 from resource_worker.device_table import DeviceTable
@@ -57,16 +56,6 @@ def table(clock):
 @pytest.fixture
 def scans(table):
     return Scans(table)
-
-
-@pytest.fixture
-def logs():
-    """Every record logged during the test: level name, message and the event's keys."""
-    records = []
-    sink = logger.add(lambda m: records.append({"level": m.record["level"].name, "msg": m.record["message"],
-                                                **m.record["extra"]}), level="DEBUG", format="{message}")
-    yield records
-    logger.remove(sink)
 
 
 def found(logs, msg, **fields):

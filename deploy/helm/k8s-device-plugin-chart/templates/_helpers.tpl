@@ -104,7 +104,7 @@ DaemonSet renders each as a volume plus a volumeMount, drops an entry whose moun
 entry already has (two settings may name one directory) and orders the mounts parents first.
 Read-write only where the stack writes: sockets in the kubelet's directory, stale CDI specs
 removed, the RSD lock (the one file, not its directory, which is the node's /run by default),
-device nodes, and the log dir. docs/security.md says why each is there; tests/deploy/test_chart.py
+device nodes, the log dir and, with featureDiscovery.enabled, NFD's feature directory. docs/security.md says why each is there; tests/deploy/test_chart.py
 fails on a new read-write one.
 */}}
 {{- define "rbln-device-plugin.hostMounts" -}}
@@ -158,6 +158,13 @@ fails on a new read-write one.
   readOnly: true
   propagation: HostToContainer
 {{- end }}
+{{- if .Values.featureDiscovery.enabled }}
+- name: nfd-features
+  hostPath: {{ .Values.featureDiscovery.featuresDir | quote }}
+  type: DirectoryOrCreate
+  mountPath: {{ .Values.featureDiscovery.featuresDir | quote }}
+  readOnly: false
+{{- end }}
 {{- if and .Values.logging.dir .Values.logging.hostPath }}
 - name: log-dir
   hostPath: {{ .Values.logging.dir | quote }}
@@ -200,4 +207,12 @@ The metrics port (devicePlugin.containers.plugin.metricsPort); negative: the end
 */}}
 {{- define "rbln-device-plugin.metricsPort" -}}
 {{- int .Values.devicePlugin.containers.plugin.metricsPort -}}
+{{- end -}}
+
+{{/*
+NFD_FEATURE_FILE: the file the scanner keeps in NFD's feature directory (featureDiscovery.enabled).
+The name is the one Rebellions' NPU Feature Discovery writes, so only one of the two keeps it.
+*/}}
+{{- define "rbln-device-plugin.nfdFeatureFile" -}}
+{{- printf "%s/rbln-features" (clean .Values.featureDiscovery.featuresDir) -}}
 {{- end -}}
