@@ -8,6 +8,7 @@ import uuid
 import zmq
 from loguru import logger
 
+from scanner.cdi_watch import CdiWatch
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.publisher import InventoryPublisher
 from shared import ipc, process_status
@@ -64,6 +65,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
     epoch = uuid.uuid4().hex
     sequence = {resource: 0 for resource in Resource}
     reporter = ScanReporter()
+    cdi = CdiWatch(settings.cdi_spec_dirs, settings.cdi_annotation)
     context = zmq.Context()
     publisher = InventoryPublisher(context, settings.run_dir)
     publisher.start()
@@ -72,17 +74,19 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             started = time.monotonic()
             result = scan(smi, settings.sysfs_root)
             metrics.scan(time.monotonic() - started)
+            cdi_state = cdi.check()
             scanned_at = time.monotonic_ns()
             for resource, devices in result.inventories.items():
                 sequence[resource] += 1
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
-                                                       devices, result.error))
+                                                       devices, result.error, cdi_state.resolvable))
             reporter.report(result, time.monotonic() - started)
             metrics.flush()
             process_status.write_status(settings.run_dir, SCANNER, {
                 "resources": {r.value: len(d) for r, d in result.inventories.items()},
                 "discoveryError": result.error,
                 "scanMs": round((time.monotonic() - started) * 1000, 3),
+                "cdi": {**cdi_state.status(), "specDirs": cdi.dirs, "annotation": settings.cdi_annotation.value},
             })
             shutdown.wait(max(0.0, started + settings.device_scan_interval - time.monotonic()))
     finally:
