@@ -61,14 +61,14 @@ def _string(value: Tree, where: str) -> str:
 
 def _integer_value(text: str) -> int | None:
     """A plain scalar's integer, as the decoder reads one into an integer field: a YAML integer, or a
-    float with an integral value; None if it is neither."""
+    float cut to its integer part; None if it is neither."""
     try:
         if _INT.fullmatch(text):
             digits = text.lstrip("+-").replace("_", "")
             if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
                 digits = "0o" + digits[1:]  # YAML 1.1's octal, which the decoder still reads
             return int(digits, 0) * (-1 if text.startswith("-") else 1)
-        if _FLOAT.fullmatch(text) and float(text.replace("_", "")).is_integer():
+        if _FLOAT.fullmatch(text):
             return int(float(text.replace("_", "")))
     except (ValueError, OverflowError):
         pass

@@ -16,7 +16,7 @@ import os
 import pathlib
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.cdi_spec import LoadedSpec, Scalar, SpecError, Tree, load
@@ -65,9 +65,10 @@ def _tree_from_yaml(text: str) -> Tree:
         if budget[0] < 0:
             raise SpecError(f"the document has more than {MAX_YAML_NODES} nodes")
         if isinstance(node, yaml.ScalarNode):
-            if node.tag == "tag:yaml.org,2002:null" and node.style is None:
+            # A plain scalar has no style (None from the Python parser, '' from libyaml's).
+            if node.tag == "tag:yaml.org,2002:null" and not node.style:
                 return None
-            return Scalar(node.value, quoted=node.style is not None)
+            return Scalar(node.value, quoted=bool(node.style))
         if isinstance(node, yaml.SequenceNode):
             return [convert(entry, budget) for entry in node.value]
         mapping: dict[str, Tree] = {}
@@ -153,10 +154,11 @@ class _Cached:
 class SpecDirs:
     """The spec dirs of one process, read again only where something changed. Not thread-safe: one owner."""
 
-    def __init__(self, dirs: Sequence[pathlib.Path]):
+    def __init__(self, dirs: Sequence[pathlib.Path], clock: Callable[[], int] = time.time_ns):
         # A directory listed twice is read once, at its first place: the runtime would read it twice and
         # never see a conflict between a file and itself.
         self.dirs = tuple(dict.fromkeys(os.path.normpath(d) for d in dirs))
+        self._clock = clock  # wall clock, ns: the file system's times are compared with it
         self._listings: dict[str, tuple[_Cached, tuple[str, ...], str | None]] = {}
         self._specs: dict[str, tuple[_Cached, LoadedSpec]] = {}
 
@@ -172,7 +174,7 @@ class SpecDirs:
         cached = self._listings.get(directory)
         if cached is not None and cached[0].still(key):
             return cached[1], cached[2]
-        listed_at = time.time_ns()
+        listed_at = self._clock()
         try:
             with os.scandir(directory) as entries:
                 names = sorted(entry.name for entry in entries if entry.name.endswith(SPEC_SUFFIXES)
@@ -204,7 +206,7 @@ class SpecDirs:
                 if cached is not None and key[1] and cached[0].still(key):
                     seen[path] = cached
                 else:
-                    seen[path] = (_Cached(key, time.time_ns()), read_spec(path, index))
+                    seen[path] = (_Cached(key, self._clock()), read_spec(path, index))
                 specs.append(seen[path][1])
         self._specs = seen
         return DirsView(tuple(specs), tuple(problems))
