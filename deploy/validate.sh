@@ -152,6 +152,7 @@ check "shellcheck deploy/validate.sh deploy/image_test.sh deploy/container/lock.
   "$SHELLCHECK" deploy/validate.sh deploy/image_test.sh deploy/container/lock.sh
 check "shellcheck tests/conformance/run.sh tests/conformance/private_plugin_dir.sh" \
   "$SHELLCHECK" tests/conformance/run.sh tests/conformance/private_plugin_dir.sh
+check "shellcheck tests/cdi/run.sh" "$SHELLCHECK" tests/cdi/run.sh
 
 # --- Image -----------------------------------------------------------------------------------------
 # Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine, and

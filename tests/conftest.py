@@ -7,7 +7,7 @@ import pytest
 
 # The conformance scenarios drive the stack with the real kubelet's device manager: they need root and
 # a Go build, so tests/conformance/run.sh runs them with their own configuration, never this run.
-collect_ignore = ["conformance"]
+collect_ignore = ["conformance", "cdi"]  # tests/cdi: run by tests/cdi/run.sh, which builds its Go checker
 
 
 @pytest.fixture
