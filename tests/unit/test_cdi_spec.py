@@ -263,3 +263,37 @@ def test_settings():
         with pytest.raises(ConfigError) as caught:
             Settings.from_environ(dict([env]))
         assert str(caught.value) == message
+
+
+def test_status_shows_the_verdict_the_dirs_and_refused_specs(tmp_path):
+    from rbln_device_plugin.status import build_report, render_text
+    from tests.unit.test_watchdog import running, scanner_status
+
+    programs = running()
+    (tmp_path / "rbln.yaml").write_text(TOOLKIT_SPEC.replace("kind:", "kinds:"))
+    watch = CdiWatch([tmp_path], CdiAnnotation.WHEN_RESOLVABLE)
+    cdi = {**watch.check().status(), "specDirs": watch.dirs, "annotation": "when-resolvable"}
+    report = build_report(programs, {**scanner_status(programs, npu=1), "cdi": cdi}, {}, 50.5)
+    assert report["cdi"]["resolvable"] is False and report["cdi"]["refusedSpecCount"] == 1
+    lines = [line for line in render_text(report).splitlines() if line.startswith("cdi:")]
+    assert lines[0].startswith(f"cdi: {RUNTIME_DEVICE} UNRESOLVABLE: no valid spec defines it")
+    assert lines[1] == f"cdi: spec dirs {tmp_path}; annotation when-resolvable"
+    assert lines[2].startswith(f"cdi: spec refused: {tmp_path / 'rbln.yaml'}: spec: field 'kinds'")
+    (tmp_path / "rbln.yaml").write_text(TOOLKIT_SPEC)
+    cdi = {**watch.check().status(), "specDirs": watch.dirs, "annotation": "when-resolvable"}
+    report = build_report(programs, {**scanner_status(programs, npu=1), "cdi": cdi}, {}, 50.5)
+    assert f"cdi: {RUNTIME_DEVICE} resolvable (defined in {tmp_path / 'rbln.yaml'})" in render_text(report)
+
+
+@pytest.mark.parametrize("cdi,expected", [({"resolvable": True}, 1.0), ({"resolvable": False}, 0.0),
+                                          ({"resolvable": "yes"}, None), (None, None)])
+def test_the_metric_is_the_scanner_s_verdict(cdi, expected):
+    from kubelet_watchdog.probes import current_status
+    from kubelet_watchdog.stack_metrics import StackView, state_samples
+    from tests.unit.test_watchdog import running, scanner_status
+
+    programs = running()
+    scanner = {**scanner_status(programs, npu=1), **({"cdi": cdi} if cdi is not None else {})}
+    samples = {family.name: v for family, _labels, v in
+               state_samples(StackView(current_status(scanner, programs, "scanner"), {}, True))}
+    assert samples.get("rbln_device_plugin_cdi_spec_resolvable") == expected
