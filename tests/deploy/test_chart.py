@@ -413,6 +413,27 @@ def test_notes_say_where_the_metrics_are(sets, says):
     assert says in result.stdout
 
 
+@pytest.mark.parametrize(("sets", "says"), [
+    ((), "or set devicePlugin.cdiAnnotation=when-resolvable"),
+    (("devicePlugin.cdiAnnotation=when-resolvable",), "Without the toolkit's spec, containers get their device nodes"),
+    (("devicePlugin.cdiAnnotation=never",), "Allocate never returns it"),
+    (("devicePlugin.cdiSpecDirs={/etc/cdi,/opt/cdi}",),
+     "when no spec in\n/var/run/cdi, /etc/cdi, /opt/cdi resolves it"),
+])
+def test_notes_say_what_cdi_needs_and_what_the_setting_does(sets, says):
+    args = [arg for item in sets for arg in ("--set", item)]
+    result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    assert "Runtimes with CDI on\n(containerd 2.0 and later, CRI-O, both by default) refuse every NPU container" \
+        in result.stdout
+    assert says in result.stdout
+
+
+def test_a_cdi_annotation_the_stack_does_not_know_is_refused_by_the_chart():
+    result = _run_helm("template", RELEASE, str(CHART), "--set", "devicePlugin.cdiAnnotation=sometimes")
+    assert result.returncode != 0 and "cdiAnnotation" in result.stderr
+
+
 def test_the_pod_monitor_passes_the_checks_and_a_wrong_port_name_would_not():
     docs = render(values=ROOT / "deploy/helm/ci-values/metrics.yaml", api_versions=MONITORING)
     assert [doc["kind"] for doc in docs].count("PodMonitor") == 1
