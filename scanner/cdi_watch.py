@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from loguru import logger
@@ -55,8 +56,8 @@ class CdiState:
 class CdiWatch:
     """The check and its records; owned by the scan loop's thread."""
 
-    def __init__(self, dirs: Sequence[pathlib.Path], policy: CdiAnnotation):
-        self._dirs = SpecDirs(dirs)
+    def __init__(self, dirs: Sequence[pathlib.Path], policy: CdiAnnotation, clock: Callable[[], int] = time.time_ns):
+        self._dirs = SpecDirs(dirs, clock)
         self._policy = policy
         self._last: CdiState | None = None
 
