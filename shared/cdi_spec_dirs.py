@@ -72,12 +72,22 @@ def _tree_from_yaml(text: str) -> Tree:
         if isinstance(node, yaml.SequenceNode):
             return [convert(entry, budget) for entry in node.value]
         mapping: dict[str, Tree] = {}
+        merged: list[Any] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise SpecError("a mapping key is not a scalar")
+            if key_node.tag == "tag:yaml.org,2002:merge" and not key_node.style:
+                # `<<: *anchor` (or a list of them): their keys, where the mapping has none of its own.
+                merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+                continue
             if key_node.value in mapping:
                 raise SpecError(f"mapping key {key_node.value[:40]!r} is defined twice")
             mapping[key_node.value] = convert(value_node, budget)
+        for source in merged:
+            if not isinstance(source, yaml.MappingNode):
+                raise SpecError("a merge key names no mapping")
+            for key, value in convert(source, budget).items():
+                mapping.setdefault(key, value)
         return mapping
 
     try:

@@ -230,6 +230,15 @@ EDGE_FILES: tuple[tuple[str, str, bytes], ...] = (
                                    b"  containerEdits:\n    deviceNodes: [{path: 'null'}]\n"),
     ("null edits", "yaml", b"cdiVersion: 0.3.0\nkind: rebellions.ai/npu\ncontainerEdits: null\ndevices:\n"
                            b"- name: runtime\n  containerEdits:\n    env: [A=1]\n"),
+    ("a merge key", "yaml", b"cdiVersion: 0.5.0\nkind: rebellions.ai/npu\ndevices:\n- name: runtime\n"
+                            b"  containerEdits: &e\n    env: [A=1]\n- name: all\n  containerEdits:\n    <<: *e\n"
+                            b"    hooks: [{hookName: prestart, path: /x}]\n"),
+    ("a merged device", "yaml", b"cdiVersion: 0.5.0\nkind: rebellions.ai/npu\ndevices:\n- &d\n  name: runtime\n"
+                                b"  containerEdits: {env: [A=1]}\n- <<: *d\n  name: all\n"),
+    ("a merge of a list", "yaml", b"cdiVersion: 0.5.0\nkind: rebellions.ai/npu\ndevices:\n- &d\n  name: runtime\n"
+                                  b"  containerEdits: {env: [A=1]}\n- <<: [*d]\n"),
+    ("a JSON boolean device name", "json", b'{"cdiVersion": "0.5.0", "kind": "rebellions.ai/npu", '
+                                           b'"devices": [{"name": true, "containerEdits": {"env": ["A=1"]}}]}'),
     ("the toolkit's spec", "yaml", b"---\ncdiVersion: 0.5.0\nkind: rebellions.ai/npu\ncontainerEdits:\n"
                                    b"  env: [RBLN_VISIBLE_DEVICES=all]\n  hooks:\n  - hookName: createContainer\n"
                                    b"    path: /usr/local/bin/rbln-cdi-hook\n"
