@@ -15,7 +15,17 @@ from typing import Any
 
 from shared.device_health import Health
 from shared.device_status import KernelStatus
-from shared.metrics import DEVICE_STATUS, DEVICES, DISCOVERY_FAILING, LAST_SCAN, READY, REGISTERED, STREAMS, Family
+from shared.metrics import (
+    CDI_SPEC_RESOLVABLE,
+    DEVICE_STATUS,
+    DEVICES,
+    DISCOVERY_FAILING,
+    LAST_SCAN,
+    READY,
+    REGISTERED,
+    STREAMS,
+    Family,
+)
 from shared.resources import Resource
 
 # The status label's values: the driver's statuses, UNKNOWN for any other number, UNREADABLE without one.
@@ -77,5 +87,8 @@ def state_samples(view: StackView) -> list[Sample]:
         published = _number(view.scanner.get("time"))
         if published is not None:
             samples.append((LAST_SCAN, {}, published))
+        cdi = view.scanner.get("cdi")
+        if isinstance(cdi, Mapping) and isinstance(cdi.get("resolvable"), bool):
+            samples.append((CDI_SPEC_RESOLVABLE, {}, 1.0 if cdi["resolvable"] else 0.0))
     samples.append((READY, {}, 1.0 if view.ready else 0.0))
     return samples

@@ -98,6 +98,8 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapp
         "podResources": {"error": pod_resources_error},
         "scanner": {"lastScanAgeSeconds": _age(now_monotonic, scanner.get("monotonic")) if scanner else None,
                     "discoveryError": scanner.get("discoveryError") if scanner else None},
+        # The scanner's latest CDI check (None without a current scanner status).
+        "cdi": scanner.get("cdi") if scanner and isinstance(scanner.get("cdi"), Mapping) else None,
     }
 
 
@@ -137,7 +139,27 @@ def render_text(report: Mapping[str, Any]) -> str:
     if scanner["lastScanAgeSeconds"] is not None:
         lines += ["", f"scanner: last scan {scanner['lastScanAgeSeconds']:.1f}s ago"
                       + (f", discovery failing: {scanner['discoveryError']}" if scanner["discoveryError"] else "")]
+    cdi = report["cdi"]
+    if cdi is not None:
+        lines += ["", *_cdi_lines(cdi)]
     return "\n".join(lines)
+
+
+def _cdi_lines(cdi: Mapping[str, Any]) -> list[str]:
+    dirs = ", ".join(str(d) for d in cdi.get("specDirs") or ()) or "-"
+    where = ", ".join(str(p) for p in cdi.get("definedIn") or ())
+    if cdi.get("resolvable"):
+        verdict = f"resolvable (defined in {where})"
+    elif cdi.get("conflict"):
+        verdict = f"UNRESOLVABLE: defined twice in one directory ({', '.join(map(str, cdi['conflict']))})"
+    else:
+        verdict = "UNRESOLVABLE: no valid spec defines it; CDI-enabled runtimes (containerd 2.x, CRI-O) refuse " \
+                  "containers whose Allocate answer names it"
+    lines = [f"cdi: {cdi.get('device')} {verdict}", f"cdi: spec dirs {dirs}; annotation {cdi.get('annotation')}"]
+    for refused in cdi.get("refusedSpecs") or ():
+        if isinstance(refused, Mapping):
+            lines.append(f"cdi: spec refused: {refused.get('path')}: {refused.get('err')}")
+    return lines
 
 
 def gather(run_dir: pathlib.Path, pod_resources_socket: pathlib.Path) -> tuple[dict[str, Any], str | None]:

@@ -14,12 +14,11 @@ from collections.abc import Callable, Sequence
 
 from resource_worker.device_table import Advertised, DeviceTable
 from resource_worker.rsd_group import GroupChange, RsdGroupError, RsdGroups
+from shared.cdi_annotation import CdiAnnotation, allocate_annotations
 from shared.device_health import Health
 from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
 
-CDI_ANNOTATION_KEY = "cdi.k8s.io/rebellions.ai_npu"
-CDI_ANNOTATION_VALUE = "rebellions.ai/npu=runtime"
 CONTAINER_RSD_PATH = "/dev/rsd0"
 DEVICE_PERMISSIONS = "rw"
 DEVICE_NODE_TIMEOUT = 5.0
@@ -58,6 +57,8 @@ class ContainerAllocation:
     group: GroupChange
     nodes: tuple[DeviceNode, ...]
     annotations: dict[str, str]
+    cdi_resolvable: bool
+    """Whether, by the scanner's latest check, a CDI spec resolved the annotation's device."""
 
     @property
     def device_ids(self) -> list[str]:
@@ -109,12 +110,14 @@ def _refuse_partial_overlaps(containers: Sequence[Sequence[str]]) -> None:
 
 class Allocator:
     def __init__(self, table: DeviceTable, rsd_groups: RsdGroups, dev_root: pathlib.Path,
-                 read_status: Callable[[str], StatusReading], node_timeout: float = DEVICE_NODE_TIMEOUT):
+                 read_status: Callable[[str], StatusReading], node_timeout: float = DEVICE_NODE_TIMEOUT,
+                 cdi_annotation: CdiAnnotation = CdiAnnotation.ALWAYS):
         self._table = table
         self._rsd_groups = rsd_groups
         self._dev_root = dev_root
         self._read_status = read_status
         self._node_timeout = node_timeout
+        self._cdi_annotation = cdi_annotation
 
     def validate(self, requests: Sequence[Sequence[str]]) -> list[list[Advertised]]:
         """Resolve every container's IDs to this resource's devices, and run the final health check."""
@@ -143,7 +146,9 @@ class Allocator:
         found = {device_id: device for device_id, device in known.items() if device is not None}
         return [[found[device_id] for device_id in ids] for ids in wanted]
 
-    def allocate_container(self, devices: Sequence[Advertised]) -> ContainerAllocation:
+    def allocate_container(self, devices: Sequence[Advertised], cdi_resolvable: bool) -> ContainerAllocation:
+        """One container's devices, RSD group and nodes; the CDI annotation as CDI_ANNOTATION says, given
+        whether a spec resolves its device (read once per Allocate call by the caller)."""
         records = tuple(sorted((d.record for d in devices), key=lambda r: r.device_id))
         ids = [r.device_id for r in records]
         device_nodes = tuple(DeviceNode(f"/dev/{r.device_id}", f"/dev/{r.device_id}") for r in records)
@@ -156,7 +161,8 @@ class Allocator:
                                   ids) from None
         rsd = DeviceNode(CONTAINER_RSD_PATH, rsd_host_path(group.group_id))
         self._await_nodes((rsd,), ids)
-        return ContainerAllocation(records, group, (rsd, *device_nodes), {CDI_ANNOTATION_KEY: CDI_ANNOTATION_VALUE})
+        return ContainerAllocation(records, group, (rsd, *device_nodes),
+                                   allocate_annotations(self._cdi_annotation, cdi_resolvable), cdi_resolvable)
 
     def _await_nodes(self, nodes: Sequence[DeviceNode], ids: Sequence[str]) -> None:
         """Wait, bounded, for each host node to exist under DEV_ROOT (a new RSD node appears asynchronously)."""

@@ -59,6 +59,7 @@ class DeviceTable:
         self._generation = 0
         self._wakes = 0  # bumped by wake_all(): ends waits that are not about a change
         self._synced = False
+        self._cdi_resolvable = False  # the latest snapshot's: does a CDI spec resolve the annotation's device
 
     # -- writers ---------------------------------------------------------------------------
 
@@ -67,6 +68,7 @@ class DeviceTable:
         with self._changed:
             previous = self._devices
             current = self._replace_devices(message.devices)
+            self._cdi_resolvable = message.cdi_resolvable
             first_sync = not self._synced
             self._synced = True
         # The first snapshot is announced by `Device exposed` at registration instead.
@@ -116,6 +118,12 @@ class DeviceTable:
     def synced(self) -> bool:
         with self._changed:
             return self._synced
+
+    @property
+    def cdi_resolvable(self) -> bool:
+        """Whether the scanner's latest check found a CDI spec resolving the annotation's device."""
+        with self._changed:
+            return self._cdi_resolvable
 
     def devices(self) -> list[Advertised]:
         with self._changed:

@@ -194,6 +194,8 @@ class Worker:
                   "streams": self._server.streams.open_streams if self._server else 0,
                   "endpoint": self._server.socket_name if self._server else None,
                   "scannedAt": self._scanned_at, **counts(devices),
+                  # What this worker's Allocate goes by: the verdict of the last snapshot it took.
+                  "cdiResolvable": self.table.cdi_resolvable,
                   "devices": {d.device_id: {"health": d.health.health.value, "status": d.health.status.name}
                               for d in devices}}
         if status != self._reported:

@@ -59,7 +59,8 @@ def build_worker(settings: Settings, resource: Resource, shutdown: ShutdownSigna
     table = DeviceTable(resource)
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
     allocator = Allocator(table, RsdGroups(smi, settings.rsd_lock_file), settings.dev_root,
-                          lambda device_id: read_status(settings.sysfs_root, device_id))
+                          lambda device_id: read_status(settings.sysfs_root, device_id),
+                          cdi_annotation=settings.cdi_annotation)
     return Worker(resource, table, plugin_factory(settings, table, allocator, tracer, metrics),
                   settings.kubelet_socket, settings.run_dir, shutdown)
 

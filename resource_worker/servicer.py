@@ -200,8 +200,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 # Containers naming the same devices share their group: a second change would destroy it.
                 made: dict[frozenset[str], ContainerAllocation] = {}
                 responses = []
+                # The latest scan's verdict, once per call: every container of it is answered alike.
+                cdi_resolvable = self._table.cdi_resolvable
                 for devices in containers:
-                    responses.append(self._allocate_container(trace, devices, made))
+                    responses.append(self._allocate_container(trace, devices, made, cdi_resolvable))
                     ready_after.append(time.monotonic() - started)
         except AllocationError as exc:
             self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
@@ -225,7 +227,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                   ready_after + [ended] * (max(containers, 1) - len(ready_after)))
 
     def _allocate_container(self, trace: AllocateTrace, devices: Sequence[Advertised],
-                            made: dict[frozenset[str], ContainerAllocation]) -> api_pb2.ContainerAllocateResponse:
+                            made: dict[frozenset[str], ContainerAllocation],
+                            cdi_resolvable: bool) -> api_pb2.ContainerAllocateResponse:
         started = time.monotonic()
         ids = [d.device_id for d in devices]
         bus_ids = sorted(d.record.bus_id for d in devices)
@@ -234,7 +237,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         with trace.container(ids, bus_ids) as span:
             allocation = made.get(frozenset(ids))
             if allocation is None:
-                allocation = made[frozenset(ids)] = self._allocator.allocate_container(devices)
+                allocation = made[frozenset(ids)] = self._allocator.allocate_container(devices, cdi_resolvable)
                 smi_calls, smi_ms = allocation.group.smi.calls, round(allocation.group.smi.seconds * 1000, 3)
                 logger.debug("Recreated RSD group", resourceName=self._resource, busIDs=allocation.bus_ids,
                              rsdGroup=allocation.rsd_host_path, replacedGroups=list(allocation.group.replaced),
@@ -242,7 +245,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             span.rsd_group(allocation.rsd_host_path)
         logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=allocation.device_ids,
                     busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started),
-                    smiCalls=smi_calls, smiMs=smi_ms)
+                    smiCalls=smi_calls, smiMs=smi_ms, cdiAnnotation=bool(allocation.annotations),
+                    cdiResolvable=allocation.cdi_resolvable)
         return container_response(allocation)
 
     def PreStartContainer(self, request, context):

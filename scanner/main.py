@@ -8,6 +8,7 @@ import uuid
 import zmq
 from loguru import logger
 
+from scanner.cdi_watch import CdiWatch
 from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.feature_file import FeatureFile
 from scanner.node_labels import NodeFacts, derive_labels
@@ -97,6 +98,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
     reporter = ScanReporter()
     labeller = (NodeLabeller(FeatureFile(settings.nfd_feature_file, settings.device_scan_interval))
                 if settings.nfd_feature_file else None)
+    cdi = CdiWatch(settings.cdi_spec_dirs, settings.cdi_annotation)
     context = zmq.Context()
     publisher = InventoryPublisher(context, settings.run_dir)
     publisher.start()
@@ -105,11 +107,12 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             started = time.monotonic()
             result = scan(smi, settings.sysfs_root)
             metrics.scan(time.monotonic() - started)
+            cdi_state = cdi.check()
             scanned_at = time.monotonic_ns()
             for resource, devices in result.inventories.items():
                 sequence[resource] += 1
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
-                                                       devices, result.error))
+                                                       devices, result.error, cdi_state.resolvable))
             reporter.report(result, time.monotonic() - started)
             if labeller is not None:
                 labeller.update(result)
@@ -118,6 +121,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
                 "resources": {r.value: len(d) for r, d in result.inventories.items()},
                 "discoveryError": result.error,
                 "scanMs": round((time.monotonic() - started) * 1000, 3),
+                "cdi": {**cdi_state.status(), "specDirs": cdi.dirs, "annotation": settings.cdi_annotation.value},
             })
             shutdown.wait(max(0.0, started + settings.device_scan_interval - time.monotonic()))
     finally:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared import ipc
+from shared.cdi_annotation import CdiAnnotation
 from shared.durations import format_duration, parse_duration
 from shared.plugin_socket import longest_socket_name
 
@@ -90,6 +91,27 @@ def _feature_file(text: str) -> pathlib.Path | None:
     return path
 
 
+def _cdi_annotation(text: str) -> CdiAnnotation:
+    try:
+        return CdiAnnotation(text)
+    except ValueError:
+        raise ValueError(f"not one of {', '.join(policy.value for policy in CdiAnnotation)}") from None
+
+
+# Stands for CDI_ROOT in CDI_SPEC_DIRS, whose default follows the CDI root.
+CDI_ROOT_PLACEHOLDER = "$CDI_ROOT"
+
+
+def _spec_dirs(text: str) -> tuple[str, ...]:
+    dirs = tuple(part for part in text.split(":") if part)
+    if not dirs:
+        raise ValueError("names no directory")
+    relative = next((d for d in dirs if not d.startswith("/") and d != CDI_ROOT_PLACEHOLDER), None)
+    if relative is not None:
+        raise ValueError(f"{relative!r} is not an absolute path")
+    return dirs
+
+
 def _endpoint(text: str) -> str:
     return text.strip()
 
@@ -157,6 +179,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("node_name", None, "NODE_NAME", "", str, "node name on traces and the startup log"),
     Option("nfd_feature_file", "--nfd-feature-file", "NFD_FEATURE_FILE", "", _feature_file,
            "node labels for Node Feature Discovery's local source, kept in this file; empty disables"),
+    Option("cdi_annotation", "--cdi-annotation", "CDI_ANNOTATION", CdiAnnotation.ALWAYS.value, _cdi_annotation,
+           "when Allocate returns the CDI annotation rebellions.ai/npu=runtime: always, when-resolvable (only "
+           "while a spec in CDI_SPEC_DIRS defines it), never"),
+    Option("cdi_spec_dirs", "--cdi-spec-dirs", "CDI_SPEC_DIRS", f"{CDI_ROOT_PLACEHOLDER}:/etc/cdi", _spec_dirs,
+           "colon-separated CDI spec dirs searched for the annotation's device, as a runtime reads them "
+           f"({CDI_ROOT_PLACEHOLDER} is CDI_ROOT)"),
 )
 
 
@@ -178,6 +206,8 @@ class Settings:
     log_dir: pathlib.Path | None
     node_name: str
     nfd_feature_file: pathlib.Path | None
+    cdi_annotation: CdiAnnotation
+    cdi_spec_dirs: tuple[pathlib.Path, ...]
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -192,6 +222,8 @@ class Settings:
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
         run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
         _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
+        values["cdi_spec_dirs"] = tuple(values["cdi_root"] if d == CDI_ROOT_PLACEHOLDER else pathlib.Path(d)
+                                        for d in values["cdi_spec_dirs"])
         if not values["node_name"]:
             values["node_name"] = socket.gethostname()
         return cls(**values)
@@ -219,6 +251,8 @@ class Settings:
             "logDir": str(self.log_dir) if self.log_dir else "",
             "nodeName": self.node_name,
             "nfdFeatureFile": str(self.nfd_feature_file) if self.nfd_feature_file else "",
+            "cdiAnnotation": self.cdi_annotation.value,
+            "cdiSpecDirs": [str(d) for d in self.cdi_spec_dirs],
         }
 
 

@@ -26,7 +26,8 @@ from shared.device_status import StatusReading
 from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.resources import Resource
 
-SCHEMA_VERSION = 1
+# 2: every message carries whether the CDI annotation's device resolves (`cdi`).
+SCHEMA_VERSION = 2
 SNAPSHOT_REQUEST = b"ICANHAZ?"
 SNAPSHOT_REPLY = b"KTHXBAI"
 # Far above a real node (a few hundred devices ~ 100 KiB) and far below harm.
@@ -46,6 +47,8 @@ class InventoryMessage:
     scanned_at_ns: int
     devices: tuple[DeviceRecord, ...]
     discovery_error: str | None = None
+    cdi_resolvable: bool = False
+    """Whether a spec in the CDI spec dirs resolves the device the Allocate annotation names (the scan's check)."""
 
 
 UPDATES_SOCKET = "inventory-updates.ipc"
@@ -91,6 +94,7 @@ def encode(message: InventoryMessage) -> bytes:
         "seq": message.seq,
         "scanned_at": message.scanned_at_ns,
         "error": message.discovery_error,
+        "cdi": message.cdi_resolvable,
         "devices": [_device_to_wire(d) for d in message.devices],
     })
 
@@ -152,6 +156,9 @@ def decode(payload: bytes) -> InventoryMessage:
     seq = _expect(raw.get("seq"), int, "seq")
     if seq < 1:
         raise ProtocolError(f"seq {seq} is not positive")
+    cdi_resolvable = raw.get("cdi")
+    if not isinstance(cdi_resolvable, bool):
+        raise ProtocolError(f"cdi has type {type(cdi_resolvable).__name__}")
     records = tuple(_device_from_wire(d) for d in devices)
     if len({d.device_id for d in records}) != len(records):
         raise ProtocolError("a device id occurs twice")
@@ -162,4 +169,5 @@ def decode(payload: bytes) -> InventoryMessage:
         scanned_at_ns=_expect(raw.get("scanned_at"), int, "scanned_at"),
         devices=records,
         discovery_error=_optional(raw.get("error"), str, "error"),
+        cdi_resolvable=cdi_resolvable,
     )

@@ -109,7 +109,11 @@ LAST_SCAN = Family("rbln_device_plugin_last_scan_timestamp_seconds", Kind.GAUGE,
                    "Unix time of the scanner's last publication")
 READY = Family("rbln_device_plugin_ready", Kind.GAUGE,
                "1 while the readiness probe passes: every resource with devices registered and streaming")
-STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY)
+CDI_SPEC_RESOLVABLE = Family("rbln_device_plugin_cdi_spec_resolvable", Kind.GAUGE,
+                             "1 while a CDI spec in the spec dirs resolves rebellions.ai/npu=runtime, the device "
+                             "the Allocate annotation names")
+STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY,
+                  CDI_SPEC_RESOLVABLE)
 
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 

@@ -7,7 +7,8 @@ Layout under the root:
     dev/        DEV_ROOT: rbln<i>, rbln<i>-<j>, rsd0 and one rsd<G> per RSD group, regular files
     bin/rbln-smi  the stand-in (simulator.rbln_smi_standin)
     smi/        its private state: state.json, calls.jsonl, locks
-    cdi/  device-plugins/  pod-resources/ (the kubelet simulator's)  run/ (0700)  log/  rsd.lock
+    cdi/ (CDI_ROOT)  etc-cdi/ (the other CDI spec dir; none of the toolkit's specs unless a test writes one)
+    device-plugins/  pod-resources/ (the kubelet simulator's)  run/ (0700)  log/  rsd.lock
 Every file is plain data: any process may drive the node through a `SimulatedNode`.
 """
 
@@ -71,6 +72,11 @@ class SimulatedNode:
         return self.root / "cdi"
 
     @property
+    def static_cdi_dir(self) -> pathlib.Path:
+        """The node's other CDI spec dir (a real node's /etc/cdi)."""
+        return self.root / "etc-cdi"
+
+    @property
     def plugin_dir(self) -> pathlib.Path:
         return self.root / "device-plugins"
 
@@ -103,6 +109,8 @@ class SimulatedNode:
             "DEV_ROOT": str(self.dev_root),
             "RBLN_SMI": str(self.rbln_smi),
             "CDI_ROOT": str(self.cdi_root),
+            # Never the machine's own /etc/cdi.
+            "CDI_SPEC_DIRS": f"{self.cdi_root}:{self.static_cdi_dir}",
             "KUBELET_DEVICE_PLUGIN_PATH": str(self.plugin_dir),
             "RBLN_RSD_LOCK_FILE": str(self.lock_file),
             "RBLN_DEVICE_PLUGIN_RUN_DIR": str(self.run_dir),
@@ -194,7 +202,8 @@ def build_node(root: pathlib.Path, spec: NodeSpec, smi_python: str = sys.executa
     node.root.mkdir(parents=True, exist_ok=True)
     node.sysfs_root.mkdir()  # FileExistsError: never mix two nodes in one dir
     _write_sysfs(node)
-    for path in (node.dev_root, node.cdi_root, node.log_dir, node.state_dir, node.rbln_smi.parent):
+    for path in (node.dev_root, node.cdi_root, node.static_cdi_dir, node.log_dir, node.state_dir,
+                 node.rbln_smi.parent):
         path.mkdir()
     node.plugin_dir.mkdir(exist_ok=True)  # a kubelet may already be serving there
     node.run_dir.mkdir(mode=0o700)

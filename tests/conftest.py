@@ -7,7 +7,8 @@ import pytest
 
 # The conformance scenarios drive the stack with the real kubelet's device manager: they need root and
 # a Go build, so tests/conformance/run.sh runs them with their own configuration, never this run.
-collect_ignore = ["conformance", "nfd"]
+# tests/nfd and tests/cdi likewise: their run.sh builds real NFD programs and the CDI reference library's checker.
+collect_ignore = ["conformance", "nfd", "cdi"]
 
 
 @pytest.fixture

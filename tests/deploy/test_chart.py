@@ -122,6 +122,8 @@ def mounts_of(*sets: str, **kwargs) -> dict:
 
 DEFAULT_ENV = {
     "CDI_ROOT": "/var/run/cdi",
+    "CDI_ANNOTATION": "always",
+    "CDI_SPEC_DIRS": "/var/run/cdi:/etc/cdi",
     "KUBELET_DEVICE_PLUGIN_PATH": "/var/lib/kubelet/device-plugins",
     "KUBELET_POD_RESOURCES_SOCKET": "/var/lib/kubelet/pod-resources/kubelet.sock",
     "USE_GENERIC_RESOURCE_NAME": "true",
@@ -251,6 +253,10 @@ def test_default_environment_is_the_contract_defaults():
     ("logging.level", "WARNING", "RBLN_DEVICE_PLUGIN_LOG_LEVEL", "WARNING"),
     ("logging.format", "", "RBLN_DEVICE_PLUGIN_LOG_FORMAT", "json"),
     ("devicePlugin.cdiRoot", "/etc/cdi", "CDI_ROOT", "/etc/cdi"),
+    ("devicePlugin.cdiAnnotation", "when-resolvable", "CDI_ANNOTATION", "when-resolvable"),
+    ("devicePlugin.cdiAnnotation", "never", "CDI_ANNOTATION", "never"),
+    ("devicePlugin.cdiSpecDirs", "{/etc/cdi,/opt/cdi}", "CDI_SPEC_DIRS", "/var/run/cdi:/etc/cdi:/opt/cdi"),
+    ("devicePlugin.cdiSpecDirs", "null", "CDI_SPEC_DIRS", "/var/run/cdi"),
     ("devicePlugin.kubeletDevicePluginPath", "/data/kubelet/device-plugins", "KUBELET_DEVICE_PLUGIN_PATH",
      "/data/kubelet/device-plugins"),
     ("devicePlugin.containers.plugin.metricsPort", "9400", "METRICS_PORT", "9400"),
@@ -266,8 +272,24 @@ def test_default_environment_is_the_contract_defaults():
 def test_each_value_reaches_its_environment_variable(value, setting, variable, expected):
     env = env_of(plugin_container(f"{value}={setting}"))
     assert env[variable] == expected
-    others = {name: v for name, v in env.items() if name != variable}
-    assert others == {name: v for name, v in DEFAULT_ENV.items() if name != variable}
+    changed = {variable, *FOLLOWS.get(variable, ())}
+    others = {name: v for name, v in env.items() if name not in changed}
+    assert others == {name: v for name, v in DEFAULT_ENV.items() if name not in changed}
+
+
+# Variables the chart derives from another one's value.
+FOLLOWS = {"CDI_ROOT": ("CDI_SPEC_DIRS",)}
+
+
+@pytest.mark.parametrize("root,dirs,expected", [
+    ("/etc/cdi", "{/etc/cdi}", "/etc/cdi"),
+    ("/data/cdi", "{/etc/cdi}", "/data/cdi:/etc/cdi"),
+])
+def test_the_cdi_spec_dirs_start_with_the_cdi_root_once(root, dirs, expected):
+    env = env_of(plugin_container(f"devicePlugin.cdiRoot={root}", f"devicePlugin.cdiSpecDirs={dirs}"))
+    assert env["CDI_SPEC_DIRS"] == expected
+    # A spec dir that is the CDI root is mounted once, read-write, as the root.
+    assert mounts_of(f"devicePlugin.cdiRoot={root}", f"devicePlugin.cdiSpecDirs={dirs}")[root][2] is False
 
 
 def test_otlp_endpoint_and_rbln_smi_are_absent_when_empty():
@@ -396,6 +418,27 @@ def install_notes(*sets: str) -> str:
     return result.stdout
 
 
+@pytest.mark.parametrize(("sets", "says"), [
+    ((), "or set devicePlugin.cdiAnnotation=when-resolvable"),
+    (("devicePlugin.cdiAnnotation=when-resolvable",), "Without the toolkit's spec, containers get their device nodes"),
+    (("devicePlugin.cdiAnnotation=never",), "Allocate never returns it"),
+    (("devicePlugin.cdiSpecDirs={/etc/cdi,/opt/cdi}",),
+     "when no spec in\n/var/run/cdi, /etc/cdi, /opt/cdi resolves it"),
+])
+def test_notes_say_what_cdi_needs_and_what_the_setting_does(sets, says):
+    args = [arg for item in sets for arg in ("--set", item)]
+    result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
+    assert result.returncode == 0, result.stderr
+    assert "Runtimes with CDI on\n(containerd 2.0 and later, CRI-O, both by default) refuse every NPU container" \
+        in result.stdout
+    assert says in result.stdout
+
+
+def test_a_cdi_annotation_the_stack_does_not_know_is_refused_by_the_chart():
+    result = _run_helm("template", RELEASE, str(CHART), "--set", "devicePlugin.cdiAnnotation=sometimes")
+    assert result.returncode != 0 and "cdiAnnotation" in result.stderr
+
+
 def test_the_pod_monitor_passes_the_checks_and_a_wrong_port_name_would_not():
     docs = render(values=ROOT / "deploy/helm/ci-values/metrics.yaml", api_versions=MONITORING)
     assert [doc["kind"] for doc in docs].count("PodMonitor") == 1
@@ -418,6 +461,8 @@ def test_default_mounts():
         # The kubelet's PodResources API, for `status`: the directory, as the socket is made anew.
         "/var/lib/kubelet/pod-resources": ("hostPath", "/var/lib/kubelet/pod-resources", True),
         "/var/run/cdi": ("hostPath", "/var/run/cdi", False),
+        # The other CDI spec dir runtimes read: only searched for the toolkit's spec.
+        "/etc/cdi": ("hostPath", "/etc/cdi", True),
         "/dev": ("hostPath", "/dev", False),
         "/sys": ("hostPath", "/sys", True),
         "/run/rbln": ("hostPath", "/run/rbln", True),
@@ -459,6 +504,7 @@ def test_every_host_path_and_its_mode():
         (CONTAINER, "run-rbln", "/run/rbln", "DirectoryOrCreate", "ro"),
         (CONTAINER, "host-usr-bin", "/usr/bin", "Directory", "ro"),
         (CONTAINER, "cdi-root", "/var/run/cdi", "DirectoryOrCreate", "rw"),
+        (CONTAINER, "cdi-spec-dir-0", "/etc/cdi", "DirectoryOrCreate", "ro"),
         (CONTAINER, "rsd-lock", "/var/run/rbln-rsd-group.lock", "FileOrCreate", "rw"),
         (CONTAINER, "log-dir", "/var/log/rbln-device-plugin", "DirectoryOrCreate", "rw"),
         (CONTAINER, "host-driver-usr-bin", "/run/rbln/driver/usr/bin", "DirectoryOrCreate", "ro"),

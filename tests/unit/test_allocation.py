@@ -57,9 +57,9 @@ def make_allocator(tmp_path: pathlib.Path, count: int = 3, nodes: tuple[str, ...
     return allocator, fake
 
 
-def allocate(allocator: Allocator, *ids: str):
+def allocate(allocator: Allocator, *ids: str, cdi_resolvable: bool = False):
     [devices] = allocator.validate([list(ids)])
-    return allocator.allocate_container(devices)
+    return allocator.allocate_container(devices, cdi_resolvable)
 
 
 def test_the_contract_response_once_every_node_exists(tmp_path):

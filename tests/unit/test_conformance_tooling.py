@@ -55,3 +55,11 @@ def test_run_sh_without_go_says_so_in_one_line_and_fails():
     assert result.returncode != 0 and result.stdout == ""
     assert result.stderr.splitlines() == [
         "tests/conformance/run.sh: Go is not installed; the kubelet harness (k8s.io/kubernetes) needs Go to build"]
+
+
+def test_cdi_run_sh_without_go_says_so_in_one_line_and_fails():
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not os.access(f"{d}/go", os.X_OK))
+    result = subprocess.run(["bash", str(ROOT / "tests" / "cdi" / "run.sh")],
+                            env={**os.environ, "PATH": path}, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["tests/cdi/run.sh: Go is not installed; the CDI checker needs Go to build"]

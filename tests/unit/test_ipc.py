@@ -27,7 +27,7 @@ def message(devices=(RECORD,), **overrides):
 def test_round_trip_keeps_every_field():
     original = message(devices=(record(), record("rbln0-1", npu="7", numa_node=None, parent_pf="0000:03:00.0",
                                                  pci_path=None, status=StatusReading(None))),
-                       discovery_error=None)
+                       discovery_error=None, cdi_resolvable=True)
     assert ipc.decode(ipc.encode(original)) == original
 
 
@@ -40,7 +40,9 @@ def _raw(**overrides):
 @pytest.mark.parametrize("payload,fragment", [
     (b"\xc1junk", "not msgpack"),
     (msgpack.packb([1, 2]), "message has type list"),
-    (_raw(v=2), "schema version"),
+    (_raw(v=ipc.SCHEMA_VERSION + 1), "schema version"),
+    (_raw(cdi=None), "cdi has type NoneType"),
+    (_raw(cdi=1), "cdi has type int"),
     (_raw(resource="nvidia.com/gpu"), "unknown resource"),
     (_raw(seq=0), "not positive"),
     (_raw(seq="1"), "seq has type str"),

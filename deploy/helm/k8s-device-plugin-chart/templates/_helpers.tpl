@@ -103,7 +103,7 @@ propagation} (hostPath volumes) and {name, mountPath, emptyDir} (the private run
 DaemonSet renders each as a volume plus a volumeMount, drops an entry whose mountPath an earlier
 entry already has (two settings may name one directory) and orders the mounts parents first.
 Read-write only where the stack writes: sockets in the kubelet's directory, stale CDI specs
-removed, the RSD lock (the one file, not its directory, which is the node's /run by default),
+removed (the CDI root; the other CDI spec dirs are only read), the RSD lock (the one file, not its directory, which is the node's /run by default),
 device nodes, the log dir and, with featureDiscovery.enabled, NFD's feature directory. docs/security.md says why each is there; tests/deploy/test_chart.py
 fails on a new read-write one.
 */}}
@@ -124,6 +124,13 @@ fails on a new read-write one.
   type: DirectoryOrCreate
   mountPath: {{ .Values.devicePlugin.cdiRoot | quote }}
   readOnly: false
+{{- range $index, $dir := .Values.devicePlugin.cdiSpecDirs }}
+- name: cdi-spec-dir-{{ $index }}
+  hostPath: {{ $dir | quote }}
+  type: DirectoryOrCreate
+  mountPath: {{ $dir | quote }}
+  readOnly: true
+{{- end }}
 - name: dev
   hostPath: {{ $paths.devRoot | quote }}
   type: Directory
