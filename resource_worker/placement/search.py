@@ -25,6 +25,7 @@ from resource_worker.placement.balls import Ball, Balls, Target, feasible_balls
 from resource_worker.placement.counting import FREE, Limits
 from resource_worker.placement.geometry import RootTree, forest
 from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.score import Bound, Score, SplitScore
 from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
 from resource_worker.placement.tree_dp import Encoding, Knapsack, Solution
@@ -43,8 +44,8 @@ class Plan(NamedTuple):
 class Split(NamedTuple):
     """A branch with its devices spread over the places: each PCI root, then the devices with no readable path."""
 
-    prefix: tuple[int, ...]
-    """The exact unknown-NUMA, NUMA-node, card, unreadable-path and cross-root values."""
+    score: SplitScore
+    """The exact card, unreadable-path and cross-root values of every selection of the split."""
     plan: Plan
     counts: tuple[int, ...]
     groups: tuple[int, ...]
@@ -60,12 +61,12 @@ class Settled(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    selection: tuple[str, ...]
-    score_values: list
+    score: Score
+    """The answer's score: its devices are `score.device_ids`."""
     proven_optimal: bool
     work: int
-    open_bound: list | None
-    """When cut: the components of the optimum known exactly, in order (the rest unknown)."""
+    open_bound: Bound | None
+    """When cut: the components of the optimum known exactly (the rest None)."""
 
 
 class Search:
@@ -80,19 +81,19 @@ class Search:
         self.trees = forest(tables)
         self.pool_classes = [c for c in range(len(tables.size)) if tables.root[c] < 0]
         self.encoding = Encoding.for_pool(sum(tables.size), max(tables.depth, default=1))
-        self.known: list = [self.numa.unknown, self.numa.nodes]
+        self.bound = Bound(self.numa.unknown, self.numa.nodes)
         """The exact optimum of each component, as far as the search got."""
-        self.found: list | None = None
-        """The score values of the best complete selection found."""
+        self.found: Score | None = None
+        """The score of the best complete selection found."""
         self._diameters: dict[tuple, Balls | None] = {}
         """Per root, its count and its classes' limits: its least diameter and widest balls."""
         self._keys: dict[tuple[int, int, int], tuple] = {}
         self._settled: dict[tuple, tuple[int, Solution] | None] = {}
         """Per root, its count, its classes' limits and the largest distance: its best part."""
 
-    def run(self, fallback: Callable[[], list]) -> Outcome:
-        """The best selection; `fallback` gives the score values (IDs last) of a valid one, asked for only when
-        the search is cut before it has settled every branch."""
+    def run(self, fallback: Callable[[], Score]) -> Outcome:
+        """The best selection; `fallback` gives the score of a valid one, asked for only when the search is cut
+        before it has settled every branch."""
         proven = self.numa.complete
         try:
             self._search()
@@ -103,13 +104,14 @@ class Search:
             first = fallback()
             best = first if best is None or first < best else best
         assert best is not None, "a finished search found a selection"
-        return Outcome(best[-1], best, proven, self.meter.work, None if proven else list(self.known))
+        return Outcome(best, proven, self.meter.work, None if proven else self.bound)
 
     def _search(self) -> None:
         splits = self._best_splits()
         # The card optimum is met by some selection, so some branch meets it: none would be a bug.
         assert splits, "no branch meets the card optimum"
-        self._settled_component(*splits[0].prefix[3:])
+        self._settle_bound(unreadable_paths=splits[0].score.unreadable_paths,
+                           cross_root_pairs=splits[0].score.cross_root_pairs)
         # Only the splits reaching the least largest distance matter: each is judged up to the best so far.
         diameter = None
         reached = []
@@ -119,7 +121,7 @@ class Search:
                 diameter = least if diameter is None else min(diameter, least)
                 reached.append((least, split))
         assert diameter is not None, "no branch meets the card count at every root"
-        self._settled_component(diameter)
+        self._settle_bound(max_distance=diameter)
         best = None
         for least, split in reached:
             if least == diameter:
@@ -129,10 +131,10 @@ class Search:
                     self.found = self._score(split, diameter, settled)
         assert self.found is not None, "no branch reaches the least largest distance"
 
-    def _settled_component(self, *values: int) -> None:
+    def _settle_bound(self, **components: int) -> None:
         """The optimum's next components are known, if every set of NUMA nodes was searched."""
         if self.numa.complete:
-            self.known.extend(values)
+            self.bound = self.bound._replace(**components)
 
     # -- cards and places ----------------------------------------------------------------------
 
@@ -149,16 +151,16 @@ class Search:
             assert groups is not None, "every NUMA option listed holds a selection"
             scored.append((groups, option))
         fewest = min(groups for groups, _ in scored)
-        self._settled_component(fewest)
+        self._settle_bound(cards=fewest)
         splits: list[Split] = []
         for groups, option in scored:
             if groups != fewest:
                 continue
             for plan in self._plans(option, cards, fewest):
                 for split in self._splits(plan):
-                    if not splits or split.prefix < splits[0].prefix:
+                    if not splits or split.score < splits[0].score:
                         splits = [split]
-                    elif split.prefix == splits[0].prefix:
+                    elif split.score == splits[0].score:
                         splits.append(split)
         return splits
 
@@ -239,8 +241,9 @@ class Search:
             place_groups = cast(tuple[int, ...], tuple(groups[index][n] if index in groups else 0
                                                        for index, n in enumerate(counts)))
             cross = (readable * readable - sum(n * n for n in counts[:-1])) // 2
-            yield Split((self.numa.unknown, self.numa.nodes, plan.paid + sum(place_groups), unreadable, cross),
-                        plan, tuple(counts), place_groups)
+            score = SplitScore(cards=plan.paid + sum(place_groups), unreadable_paths=unreadable,
+                               cross_root_pairs=cross)
+            yield Split(score, plan, tuple(counts), place_groups)
 
     # -- each root's distances -----------------------------------------------------------------
 
@@ -330,7 +333,7 @@ class Search:
                 best = (solution.value, solution)
         return best
 
-    def _score(self, split: Split, diameter: int, settled: Settled) -> list:
+    def _score(self, split: Split, diameter: int, settled: Settled) -> Score:
         knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.group_of, self.tables.chain,
                             self.encoding, self.meter)
         counts: dict[int, int] = {}
@@ -339,4 +342,7 @@ class Search:
                 counts.update(knapsack.counts(part))
         _, distance_sum, _ = self.encoding.decode(settled.value)
         self.meter.charge(self.size)
-        return [*split.prefix, diameter, distance_sum, tuple(sorted(self.classes.chosen(counts)))]
+        return Score(unknown_numa=self.numa.unknown, numa_nodes=self.numa.nodes, cards=split.score.cards,
+                     unreadable_paths=split.score.unreadable_paths, cross_root_pairs=split.score.cross_root_pairs,
+                     max_distance=diameter, distance_sum=distance_sum,
+                     device_ids=tuple(sorted(self.classes.chosen(counts))))

@@ -74,7 +74,7 @@ def _answer(node: dict[str, Candidate], mandatory: list[str], size: int, budget:
     placement = place(node, sorted(node), mandatory, size, budget=budget)
     return [_mask(node, placement.devices), placement.proven_optimal, placement.work,
             None if placement.score is None else list(placement.score[:-1]),
-            None if placement.open_bound is None else list(placement.open_bound)]
+            None if placement.open_bound is None else list(placement.open_bound.settled())]
 
 
 def _mask(node: dict[str, Candidate], devices: list[str]) -> str:
