@@ -24,7 +24,7 @@ from resource_worker.placement import counting
 from resource_worker.placement.balls import Ball, Balls, Target, feasible_balls
 from resource_worker.placement.counting import FREE, Limits
 from resource_worker.placement.geometry import RootTree, forest
-from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.pool import NO_CARD, NO_ROOT, PoolTables
 from resource_worker.placement.score import Bound, Score, SplitScore
 from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
@@ -35,7 +35,7 @@ class Plan(NamedTuple):
     """A branch before the places are split: its limits, how each class counts cards, and cards counted already."""
 
     limits: Limits
-    group_of: tuple[int, ...]
+    holder_of: tuple[int, ...]
     paid: int
     """Cards every selection of the branch uses outside the places' own count: paid for by a forced device,
     or opened by the branch though spread over several places."""
@@ -48,8 +48,8 @@ class Split(NamedTuple):
     """The exact card, unreadable-path and cross-root values of every selection of the split."""
     plan: Plan
     counts: tuple[int, ...]
-    groups: tuple[int, ...]
-    """The least cards each place uses for its count."""
+    holders: tuple[int, ...]
+    """The least holders (cards, devices with no card) each place uses for its count."""
 
 
 class Settled(NamedTuple):
@@ -79,7 +79,7 @@ class Search:
         self.meter = WorkMeter(budget)
         self.numa = counting.numa_options(tables, self.classes.mandatory, size)
         self.trees = forest(tables)
-        self.pool_classes = [c for c in range(len(tables.size)) if tables.root[c] < 0]
+        self.pool_classes = [c for c in range(len(tables.size)) if tables.root[c] == NO_ROOT]
         self.encoding = Encoding.for_pool(sum(tables.size), max(tables.depth, default=1))
         self.bound = Bound(self.numa.unknown, self.numa.nodes)
         """The exact optimum of each component, as far as the search got."""
@@ -142,19 +142,19 @@ class Search:
         """Every branch meeting the optima up to the cross-root pairs."""
         tables = self.tables
         everything = range(len(tables.size))
-        # A class with no card (bit 0) counts each device: counting.SOLO is 0.
+        # Before any card is paid for, a class counts as its card (counting.SOLO when it has none).
         cards = tables.card_bit
         scored = []
         for option in self.numa.options:
             self.meter.charge(len(tables.size))
-            groups = counting.fewest_groups(everything, cards, option, self.size)
-            assert groups is not None, "every NUMA option listed holds a selection"
-            scored.append((groups, option))
-        fewest = min(groups for groups, _ in scored)
+            holders = counting.fewest_holders(everything, cards, option, self.size)
+            assert holders is not None, "every NUMA option listed holds a selection"
+            scored.append((holders, option))
+        fewest = min(holders for holders, _ in scored)
         self._settle_bound(cards=fewest)
         splits: list[Split] = []
-        for groups, option in scored:
-            if groups != fewest:
+        for holders, option in scored:
+            if holders != fewest:
                 continue
             for plan in self._plans(option, cards, fewest):
                 for split in self._splits(plan):
@@ -174,40 +174,40 @@ class Search:
         tables = self.tables
         self.meter.charge(len(cards))
         classes = [c for c in range(len(cards)) if option.most[c]]
-        paid = {cards[c] for c in classes if option.fewest[c] and cards[c]}
+        paid = {cards[c] for c in classes if option.fewest[c] and cards[c] != NO_CARD}
         places: dict[int, set] = {}
         rooms: dict[int, int] = {}
         for c in classes:
-            if cards[c] and cards[c] not in paid:
+            if cards[c] != NO_CARD and cards[c] not in paid:
                 places.setdefault(cards[c], set()).add((tables.root[c], tables.attach[c]))
                 rooms[cards[c]] = rooms.get(cards[c], 0) + option.most[c]
         spread = sorted((card for card, where in places.items() if len(where) > 1),
                         key=lambda card: (-rooms[card], card))
-        base_group = [FREE if cards[c] in paid else cards[c] for c in range(len(cards))]
+        base_holders = [FREE if cards[c] in paid else cards[c] for c in range(len(cards))]
         # Depth first, opened before closed: (cards decided, of them opened, the cards each class counts, most).
-        pending = [(0, 0, base_group, list(option.most))]
+        pending = [(0, 0, base_holders, list(option.most))]
         while pending:
-            decided, opened, group_of, most = pending.pop()
+            decided, opened, holder_of, most = pending.pop()
             limits = Limits(option.fewest, tuple(most))
             if decided:
                 self.meter.charge(len(classes))
-                groups = counting.fewest_groups(classes, group_of, limits, self.size)
-                if groups is None or len(paid) + opened + groups != fewest:
+                holders = counting.fewest_holders(classes, holder_of, limits, self.size)
+                if holders is None or len(paid) + opened + holders != fewest:
                     continue
             if decided == len(spread):
                 self.meter.charge(len(cards))
-                yield Plan(limits, tuple(group_of), len(paid) + opened)
+                yield Plan(limits, tuple(holder_of), len(paid) + opened)
                 continue
             card = spread[decided]
             members = [c for c in classes if cards[c] == card]
             closed_most = most[:]
             for c in members:
                 closed_most[c] = 0
-            opened_group = group_of[:]
+            opened_holders = holder_of[:]
             for c in members:
-                opened_group[c] = FREE
-            pending.append((decided + 1, opened, group_of, closed_most))
-            pending.append((decided + 1, opened + 1, opened_group, most))
+                opened_holders[c] = FREE
+            pending.append((decided + 1, opened, holder_of, closed_most))
+            pending.append((decided + 1, opened + 1, opened_holders, most))
 
     def _splits(self, plan: Plan) -> Iterator[Split]:
         """Every way to spread the plan's devices over the places meeting the card, unreadable and cross-root
@@ -221,15 +221,15 @@ class Search:
         places = [[c for c in tree.classes if most[c]] for tree in self.trees] + \
             [[c for c in self.pool_classes if most[c]]]
         used = [index for index, classes in enumerate(places) if classes]
-        groups = {}
+        holders = {}
         values = []
         for index in used:
             self.meter.charge(len(places[index]) + 1)
-            groups[index] = counting.groups_by_count(places[index], plan.group_of, plan.limits)
-            self.meter.charge(len(groups[index]))
+            holders[index] = counting.holders_by_count(places[index], plan.holder_of, plan.limits)
+            self.meter.charge(len(holders[index]))
             pool = index == len(places) - 1
-            values.append([None if g is None else g * cards_unit + (n * squares_unit if pool else -n * n)
-                           for n, g in enumerate(groups[index][:self.size + 1])])
+            values.append([None if least is None else least * cards_unit + (n * squares_unit if pool else -n * n)
+                           for n, least in enumerate(holders[index][:self.size + 1])])
         for shares in least_shares(values, self.size, self.meter):
             self.meter.charge(len(places))
             counts = [0] * len(places)
@@ -238,12 +238,12 @@ class Search:
             unreadable = counts[-1]
             readable = self.size - unreadable
             # A share is a count its place can give (the least sums skip the others): never None here.
-            place_groups = cast(tuple[int, ...], tuple(groups[index][n] if index in groups else 0
-                                                       for index, n in enumerate(counts)))
+            place_holders = cast(tuple[int, ...], tuple(holders[index][n] if index in holders else 0
+                                                        for index, n in enumerate(counts)))
             cross = (readable * readable - sum(n * n for n in counts[:-1])) // 2
-            score = SplitScore(cards=plan.paid + sum(place_groups), unreadable_paths=unreadable,
+            score = SplitScore(cards=plan.paid + sum(place_holders), unreadable_paths=unreadable,
                                cross_root_pairs=cross)
-            yield Split(score, plan, tuple(counts), place_groups)
+            yield Split(score, plan, tuple(counts), place_holders)
 
     # -- each root's distances -----------------------------------------------------------------
 
@@ -254,7 +254,7 @@ class Search:
         if memo not in self._keys:
             fewest, most = plan.limits
             self.meter.charge(len(tree.classes))
-            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.group_of[c]) for c in tree.classes)
+            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.holder_of[c]) for c in tree.classes)
         return self._keys[memo]
 
     def _balls(self, tree: RootTree, split: Split, diameter: int | None = None,
@@ -262,8 +262,8 @@ class Search:
         """The root's least diameter, if at most `at_most`, and its widest balls (or its widest balls of the
         diameter given)."""
         fewest = split.plan.limits.fewest
-        target = Target(split.counts[tree.root], split.groups[tree.root], sum(fewest[c] for c in tree.classes))
-        return feasible_balls(tree, split.plan.limits, split.plan.group_of, target, self.meter, diameter, at_most)
+        target = Target(split.counts[tree.root], split.holders[tree.root], sum(fewest[c] for c in tree.classes))
+        return feasible_balls(tree, split.plan.limits, split.plan.holder_of, target, self.meter, diameter, at_most)
 
     def _diameter(self, split: Split, at_most: int | None) -> int | None:
         """The least largest distance of the split, the largest of its roots' least diameters, if at most
@@ -285,10 +285,10 @@ class Search:
     def _settle(self, split: Split, diameter: int) -> Settled | None:
         """The split's least (distance sum, ID weight) within this largest distance, with each place's part."""
         plan = split.plan
-        knapsack = Knapsack(self.classes, plan.limits.fewest, plan.group_of, self.tables.chain, self.encoding,
+        knapsack = Knapsack(self.classes, plan.limits.fewest, plan.holder_of, self.tables.chain, self.encoding,
                             self.meter)
         # The cards counted outside the places, so that the totals of different plans compare.
-        total = plan.paid * self.encoding.group_unit
+        total = plan.paid * self.encoding.holder_unit
         parts: list[Solution | None] = []
         for tree in self.trees:
             count = split.counts[tree.root]
@@ -334,7 +334,7 @@ class Search:
         return best
 
     def _score(self, split: Split, diameter: int, settled: Settled) -> Score:
-        knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.group_of, self.tables.chain,
+        knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.holder_of, self.tables.chain,
                             self.encoding, self.meter)
         counts: dict[int, int] = {}
         for part in settled.parts:

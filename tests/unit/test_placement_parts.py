@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from resource_worker.placement import score
 from resource_worker.placement.balls import Target, feasible_balls
-from resource_worker.placement.counting import FREE, SOLO, Limits, fewest_groups, groups_by_count, numa_options
+from resource_worker.placement.counting import FREE, SOLO, Limits, fewest_holders, holders_by_count, numa_options
 from resource_worker.placement.geometry import forest
-from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.pool import NO_CARD, PoolTables
 from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter
 from resource_worker.placement.tree_dp import Encoding, Knapsack
@@ -24,10 +24,10 @@ ENOUGH_WORK = 10 ** 9
 _SLOW = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _groups(group_of, counts):
+def _holders(holder_of, counts):
     """Cards a count vector uses: each card once, each device of a class with no card once; paid cards none."""
-    cards = {group for group, n in zip(group_of, counts, strict=True) if n and group > 0}
-    return len(cards) + sum(n for group, n in zip(group_of, counts, strict=True) if group == SOLO)
+    cards = {holder for holder, n in zip(holder_of, counts, strict=True) if n and holder > SOLO}
+    return len(cards) + sum(n for holder, n in zip(holder_of, counts, strict=True) if holder == SOLO)
 
 
 def _vectors(limits, target=None):
@@ -35,21 +35,21 @@ def _vectors(limits, target=None):
     return [v for v in vectors if target is None or sum(v) == target]
 
 
-# (card: a bit, 0 for none, -1 paid for), fewest, extra room
+# (holder: a card's bit, SOLO for none, FREE paid for), fewest, extra room
 _CLASSES = st.lists(st.tuples(st.sampled_from([FREE, SOLO, SOLO, 1, 2, 4]), st.integers(0, 2), st.integers(0, 3)),
                     min_size=1, max_size=5)
 
 
 @settings(max_examples=300, deadline=None)
 @given(_CLASSES)
-def test_fewest_groups_is_the_least_over_every_selection(classes):
-    group_of = [group for group, _, _ in classes]
+def test_fewest_holders_is_the_least_over_every_selection(classes):
+    holder_of = [holder for holder, _, _ in classes]
     limits = Limits(tuple(low for _, low, _ in classes), tuple(low + extra for _, low, extra in classes))
-    by_count = groups_by_count(range(len(classes)), group_of, limits)
+    by_count = holders_by_count(range(len(classes)), holder_of, limits)
     for target in range(sum(limits.most) + 2):
         vectors = _vectors(limits, target)
-        expected = min((_groups(group_of, v) for v in vectors), default=None)
-        assert fewest_groups(range(len(classes)), group_of, limits, target) == expected
+        expected = min((_holders(holder_of, v) for v in vectors), default=None)
+        assert fewest_holders(range(len(classes)), holder_of, limits, target) == expected
         assert (by_count[target] if target < len(by_count) else None) == expected
 
 
@@ -90,10 +90,10 @@ def _root_problems(instance):
     hangs: dict[int, set] = {}
     for c, card in enumerate(tables.card_bit):
         hangs.setdefault(card, set()).add((tables.root[c], tables.attach[c]))
-    group_of = [SOLO if not card else card if len(hangs[card]) == 1 else FREE for card in tables.card_bit]
+    holder_of = [SOLO if card == NO_CARD else card if len(hangs[card]) == 1 else FREE for card in tables.card_bit]
     limits = Limits(tuple(classes.mandatory), tuple(tables.size))
     for tree in forest(tables):
-        yield pool, tables, classes, tree, group_of, limits
+        yield pool, tables, classes, tree, holder_of, limits
 
 
 def _class_distance(tables, a, b, same):
@@ -116,16 +116,16 @@ def _distances(tables, counts):
 @_SLOW
 @given(_instances())
 def test_least_diameter_and_widest_balls_match_every_selection(instance):
-    for _, tables, _, tree, group_of, limits in _root_problems(instance):
+    for _, tables, _, tree, holder_of, limits in _root_problems(instance):
         local = Limits(tuple(low if c in tree.index else 0 for c, low in enumerate(limits.fewest)),
                        tuple(high if c in tree.index else 0 for c, high in enumerate(limits.most)))
         forced = sum(local.fewest)
         for count in range(max(2, forced), sum(local.most) + 1):
-            groups = fewest_groups(tree.classes, group_of, local, count)
+            holders = fewest_holders(tree.classes, holder_of, local, count)
             vectors = [dict(zip(tree.classes, (v[c] for c in tree.classes), strict=True))
-                       for v in _vectors(local, count) if _groups(group_of, v) == groups]
+                       for v in _vectors(local, count) if _holders(holder_of, v) == holders]
             diameters = {tuple(v.items()): _distances(tables, v)[0] for v in vectors}
-            found = feasible_balls(tree, local, group_of, Target(count, groups, forced), WorkMeter(ENOUGH_WORK))
+            found = feasible_balls(tree, local, holder_of, Target(count, holders, forced), WorkMeter(ENOUGH_WORK))
             assert found.diameter == min(diameters.values())
             for key, diameter in diameters.items():
                 if diameter <= found.diameter:
@@ -135,9 +135,9 @@ def test_least_diameter_and_widest_balls_match_every_selection(instance):
 @_SLOW
 @given(_instances())
 def test_the_tree_knapsack_finds_the_least_cards_distance_sum_and_ids(instance):
-    for pool, tables, classes, tree, group_of, limits in _root_problems(instance):
+    for pool, tables, classes, tree, holder_of, limits in _root_problems(instance):
         encoding = Encoding.for_pool(sum(tables.size), max(tables.depth))
-        knapsack = Knapsack(classes, limits.fewest, group_of, tables.chain, encoding, WorkMeter(ENOUGH_WORK))
+        knapsack = Knapsack(classes, limits.fewest, holder_of, tables.chain, encoding, WorkMeter(ENOUGH_WORK))
         most = {c: tables.size[c] for c in tree.classes}
         local = Limits(tuple(limits.fewest[c] if c in most else 0 for c in range(len(tables.size))),
                        tuple(most.get(c, 0) for c in range(len(tables.size))))
@@ -147,15 +147,15 @@ def test_the_tree_knapsack_finds_the_least_cards_distance_sum_and_ids(instance):
                 counts = {c: n for c, n in enumerate(vector) if n}
                 chosen = classes.chosen(counts)
                 # Smaller sorted IDs first: the knapsack's ID weight orders them the same way.
-                key = (_groups(group_of, vector), _distances(tables, counts)[1], sorted(chosen))
+                key = (_holders(holder_of, vector), _distances(tables, counts)[1], sorted(chosen))
                 if best is None or key < best:
                     best = key
             solution = knapsack.solve(tree, most, count)
             if best is None:
                 assert solution is None
                 continue
-            groups, distance_sum, _ = encoding.decode(solution.value)
-            assert (groups, distance_sum) == best[:2]
+            holders, distance_sum, _ = encoding.decode(solution.value)
+            assert (holders, distance_sum) == best[:2]
             assert sorted(classes.chosen(knapsack.counts(solution))) == best[2]
             assert score(best[2], pool).distance_sum == distance_sum
 
