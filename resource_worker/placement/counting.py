@@ -2,16 +2,16 @@
 
 Invariant: nothing here is a bound; every value is the exact optimum of what it
 names. `numa_options` lists every way a selection can meet the unknown-NUMA and
-NUMA-node optima (or says it stopped short); `fewest_holders` is the least number
-of cards any selection within some limits uses; `holders_by_count` gives that
+NUMA-node optima (or says it stopped short); `fewest_bundles` is the least number
+of cards any selection within some limits uses; `bundles_by_count` gives that
 least number for every device count of one place. Covering a count with the
-fewest holders is exact by taking the largest holders first once the holders a
+fewest bundles is exact by taking the largest bundles first once the bundles a
 selection must pay for anyway are counted.
 
-A "holder" is what the card component counts: a card holds its devices, and a
-device with no card is a holder of its own. `holder_of[c]` says how class c
+A "bundle" is what the card component counts: a card bundles its devices, and a
+device with no card is a bundle of its own. `bundle_of[c]` says how class c
 counts: FREE (its card is paid for already), SOLO (each of its devices is a
-holder of its own) or a card's bit (the class's devices count once together
+bundle of its own) or a card's bit (the class's devices count once together
 with every other class of that card). FREE < SOLO < every card's bit.
 """
 
@@ -25,7 +25,7 @@ from resource_worker.placement.pool import NO_CARD, UNKNOWN_NUMA, PoolTables
 
 FREE = -1
 SOLO = NO_CARD
-"""So a pool's `card_bit` reads as `holder_of` before any card is paid for."""
+"""So a pool's `card_bit` reads as `bundle_of` before any card is paid for."""
 # Sets of NUMA nodes tried when listing the ways to meet the NUMA optimum: listing them is not
 # counted as search work, so it is bounded here (8 NUMA nodes of equal room give 70 sets).
 _NUMA_SETS_TRIED = 1024
@@ -49,15 +49,15 @@ class NumaOptions(NamedTuple):
     """Whether `options` holds every such set."""
 
 
-class HolderCounts(NamedTuple):
-    """How the holders of some classes fill: what any selection pays, what it holds for free, what it may open."""
+class BundleCounts(NamedTuple):
+    """How the bundles of some classes fill: what any selection pays, what it holds for free, what it may open."""
 
     paid: int
-    """Holders every selection within the limits uses: cards with a forced device, forced devices with no card."""
+    """Bundles every selection within the limits uses: cards with a forced device, forced devices with no card."""
     capacity: int
-    """Devices a selection takes without opening another holder."""
+    """Devices a selection takes without opening another bundle."""
     rooms: list[int]
-    """Devices each other holder would add, largest first."""
+    """Devices each other bundle would add, largest first."""
     fewest_devices: int
     most_devices: int
 
@@ -101,13 +101,13 @@ def numa_options(tables: PoolTables, mandatory: Sequence[int], size: int) -> Num
     return NumaOptions(unknown_forced, paid.bit_count() + extra, options, complete)
 
 
-def holder_counts(classes: Sequence[int], holder_of: Sequence[int], limits: Limits) -> HolderCounts:
-    """The holders of `classes` within `limits`, as `fewest_holders` and `holders_by_count` read them."""
+def bundle_counts(classes: Sequence[int], bundle_of: Sequence[int], limits: Limits) -> BundleCounts:
+    """The bundles of `classes` within `limits`, as `fewest_bundles` and `bundles_by_count` read them."""
     fewest, most = limits
     forced_cards: set[int] = set()
     for c in classes:
-        if fewest[c] and holder_of[c] > SOLO:
-            forced_cards.add(holder_of[c])
+        if fewest[c] and bundle_of[c] > SOLO:
+            forced_cards.add(bundle_of[c])
     paid = len(forced_cards)
     capacity = 0
     card_rooms: dict[int, int] = {}
@@ -116,22 +116,22 @@ def holder_counts(classes: Sequence[int], holder_of: Sequence[int], limits: Limi
     for c in classes:
         low += fewest[c]
         high += most[c]
-        holder = holder_of[c]
-        if holder == FREE or holder in forced_cards:
+        bundle = bundle_of[c]
+        if bundle == FREE or bundle in forced_cards:
             capacity += most[c]
-        elif holder == SOLO:
+        elif bundle == SOLO:
             paid += fewest[c]
             capacity += fewest[c]
             solo_rooms += most[c] - fewest[c]
         elif most[c]:
-            card_rooms[holder] = card_rooms.get(holder, 0) + most[c]
+            card_rooms[bundle] = card_rooms.get(bundle, 0) + most[c]
     rooms = sorted(card_rooms.values(), reverse=True) + [1] * solo_rooms
-    return HolderCounts(paid, capacity, rooms, low, high)
+    return BundleCounts(paid, capacity, rooms, low, high)
 
 
-def fewest_holders(classes: Sequence[int], holder_of: Sequence[int], limits: Limits, target: int) -> int | None:
-    """The least holders a selection of `target` devices of `classes` within `limits` uses; None if none exists."""
-    counts = holder_counts(classes, holder_of, limits)
+def fewest_bundles(classes: Sequence[int], bundle_of: Sequence[int], limits: Limits, target: int) -> int | None:
+    """The least bundles a selection of `target` devices of `classes` within `limits` uses; None if none exists."""
+    counts = bundle_counts(classes, bundle_of, limits)
     if not counts.fewest_devices <= target <= counts.most_devices:
         return None
     need = target - counts.capacity
@@ -144,9 +144,9 @@ def fewest_holders(classes: Sequence[int], holder_of: Sequence[int], limits: Lim
     return counts.paid + opened
 
 
-def holders_by_count(classes: Sequence[int], holder_of: Sequence[int], limits: Limits) -> list[int | None]:
-    """`fewest_holders` for every target from 0 to the most devices the classes give (None: impossible)."""
-    counts = holder_counts(classes, holder_of, limits)
+def bundles_by_count(classes: Sequence[int], bundle_of: Sequence[int], limits: Limits) -> list[int | None]:
+    """`fewest_bundles` for every target from 0 to the most devices the classes give (None: impossible)."""
+    counts = bundle_counts(classes, bundle_of, limits)
     result: list[int | None] = [None] * counts.fewest_devices
     opened, reach = 0, counts.capacity
     rooms = iter(counts.rooms)

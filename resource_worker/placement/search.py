@@ -35,7 +35,7 @@ class Plan(NamedTuple):
     """A branch before the places are split: its limits, how each class counts cards, and cards counted already."""
 
     limits: Limits
-    holder_of: tuple[int, ...]
+    bundle_of: tuple[int, ...]
     paid: int
     """Cards every selection of the branch uses outside the places' own count: paid for by a forced device,
     or opened by the branch though spread over several places."""
@@ -48,8 +48,8 @@ class Split(NamedTuple):
     """The exact card, unreadable-path and cross-root values of every selection of the split."""
     plan: Plan
     counts: tuple[int, ...]
-    holders: tuple[int, ...]
-    """The least holders (cards, devices with no card) each place uses for its count."""
+    bundles: tuple[int, ...]
+    """The least bundles (cards, devices with no card) each place uses for its count."""
 
 
 class Settled(NamedTuple):
@@ -147,14 +147,14 @@ class Search:
         scored = []
         for option in self.numa.options:
             self.meter.charge(len(tables.size))
-            holders = counting.fewest_holders(everything, cards, option, self.size)
-            assert holders is not None, "every NUMA option listed holds a selection"
-            scored.append((holders, option))
-        fewest = min(holders for holders, _ in scored)
+            bundles = counting.fewest_bundles(everything, cards, option, self.size)
+            assert bundles is not None, "every NUMA option listed holds a selection"
+            scored.append((bundles, option))
+        fewest = min(bundles for bundles, _ in scored)
         self._settle_bound(cards=fewest)
         splits: list[Split] = []
-        for holders, option in scored:
-            if holders != fewest:
+        for bundles, option in scored:
+            if bundles != fewest:
                 continue
             for plan in self._plans(option, cards, fewest):
                 for split in self._splits(plan):
@@ -183,31 +183,31 @@ class Search:
                 rooms[cards[c]] = rooms.get(cards[c], 0) + option.most[c]
         spread = sorted((card for card, where in places.items() if len(where) > 1),
                         key=lambda card: (-rooms[card], card))
-        base_holders = [FREE if cards[c] in paid else cards[c] for c in range(len(cards))]
+        base_bundles = [FREE if cards[c] in paid else cards[c] for c in range(len(cards))]
         # Depth first, opened before closed: (cards decided, of them opened, the cards each class counts, most).
-        pending = [(0, 0, base_holders, list(option.most))]
+        pending = [(0, 0, base_bundles, list(option.most))]
         while pending:
-            decided, opened, holder_of, most = pending.pop()
+            decided, opened, bundle_of, most = pending.pop()
             limits = Limits(option.fewest, tuple(most))
             if decided:
                 self.meter.charge(len(classes))
-                holders = counting.fewest_holders(classes, holder_of, limits, self.size)
-                if holders is None or len(paid) + opened + holders != fewest:
+                bundles = counting.fewest_bundles(classes, bundle_of, limits, self.size)
+                if bundles is None or len(paid) + opened + bundles != fewest:
                     continue
             if decided == len(spread):
                 self.meter.charge(len(cards))
-                yield Plan(limits, tuple(holder_of), len(paid) + opened)
+                yield Plan(limits, tuple(bundle_of), len(paid) + opened)
                 continue
             card = spread[decided]
             members = [c for c in classes if cards[c] == card]
             closed_most = most[:]
             for c in members:
                 closed_most[c] = 0
-            opened_holders = holder_of[:]
+            opened_bundles = bundle_of[:]
             for c in members:
-                opened_holders[c] = FREE
-            pending.append((decided + 1, opened, holder_of, closed_most))
-            pending.append((decided + 1, opened + 1, opened_holders, most))
+                opened_bundles[c] = FREE
+            pending.append((decided + 1, opened, bundle_of, closed_most))
+            pending.append((decided + 1, opened + 1, opened_bundles, most))
 
     def _splits(self, plan: Plan) -> Iterator[Split]:
         """Every way to spread the plan's devices over the places meeting the card, unreadable and cross-root
@@ -221,15 +221,15 @@ class Search:
         places = [[c for c in tree.classes if most[c]] for tree in self.trees] + \
             [[c for c in self.pool_classes if most[c]]]
         used = [index for index, classes in enumerate(places) if classes]
-        holders = {}
+        bundles = {}
         values = []
         for index in used:
             self.meter.charge(len(places[index]) + 1)
-            holders[index] = counting.holders_by_count(places[index], plan.holder_of, plan.limits)
-            self.meter.charge(len(holders[index]))
+            bundles[index] = counting.bundles_by_count(places[index], plan.bundle_of, plan.limits)
+            self.meter.charge(len(bundles[index]))
             pool = index == len(places) - 1
             values.append([None if least is None else least * cards_unit + (n * squares_unit if pool else -n * n)
-                           for n, least in enumerate(holders[index][:self.size + 1])])
+                           for n, least in enumerate(bundles[index][:self.size + 1])])
         for shares in least_shares(values, self.size, self.meter):
             self.meter.charge(len(places))
             counts = [0] * len(places)
@@ -238,12 +238,12 @@ class Search:
             unreadable = counts[-1]
             readable = self.size - unreadable
             # A share is a count its place can give (the least sums skip the others): never None here.
-            place_holders = cast(tuple[int, ...], tuple(holders[index][n] if index in holders else 0
+            place_bundles = cast(tuple[int, ...], tuple(bundles[index][n] if index in bundles else 0
                                                         for index, n in enumerate(counts)))
             cross = (readable * readable - sum(n * n for n in counts[:-1])) // 2
-            score = SplitScore(cards=plan.paid + sum(place_holders), unreadable_paths=unreadable,
+            score = SplitScore(cards=plan.paid + sum(place_bundles), unreadable_paths=unreadable,
                                cross_root_pairs=cross)
-            yield Split(score, plan, tuple(counts), place_holders)
+            yield Split(score, plan, tuple(counts), place_bundles)
 
     # -- each root's distances -----------------------------------------------------------------
 
@@ -254,7 +254,7 @@ class Search:
         if memo not in self._keys:
             fewest, most = plan.limits
             self.meter.charge(len(tree.classes))
-            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.holder_of[c]) for c in tree.classes)
+            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.bundle_of[c]) for c in tree.classes)
         return self._keys[memo]
 
     def _balls(self, tree: RootTree, split: Split, diameter: int | None = None,
@@ -262,8 +262,8 @@ class Search:
         """The root's least diameter, if at most `at_most`, and its widest balls (or its widest balls of the
         diameter given)."""
         fewest = split.plan.limits.fewest
-        target = Target(split.counts[tree.root], split.holders[tree.root], sum(fewest[c] for c in tree.classes))
-        return feasible_balls(tree, split.plan.limits, split.plan.holder_of, target, self.meter, diameter, at_most)
+        target = Target(split.counts[tree.root], split.bundles[tree.root], sum(fewest[c] for c in tree.classes))
+        return feasible_balls(tree, split.plan.limits, split.plan.bundle_of, target, self.meter, diameter, at_most)
 
     def _diameter(self, split: Split, at_most: int | None) -> int | None:
         """The least largest distance of the split, the largest of its roots' least diameters, if at most
@@ -285,10 +285,10 @@ class Search:
     def _settle(self, split: Split, diameter: int) -> Settled | None:
         """The split's least (distance sum, ID weight) within this largest distance, with each place's part."""
         plan = split.plan
-        knapsack = Knapsack(self.classes, plan.limits.fewest, plan.holder_of, self.tables.chain, self.encoding,
+        knapsack = Knapsack(self.classes, plan.limits.fewest, plan.bundle_of, self.tables.chain, self.encoding,
                             self.meter)
         # The cards counted outside the places, so that the totals of different plans compare.
-        total = plan.paid * self.encoding.holder_unit
+        total = plan.paid * self.encoding.bundle_unit
         parts: list[Solution | None] = []
         for tree in self.trees:
             count = split.counts[tree.root]
@@ -334,7 +334,7 @@ class Search:
         return best
 
     def _score(self, split: Split, diameter: int, settled: Settled) -> Score:
-        knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.holder_of, self.tables.chain,
+        knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.bundle_of, self.tables.chain,
                             self.encoding, self.meter)
         counts: dict[int, int] = {}
         for part in settled.parts:

@@ -24,10 +24,10 @@ from resource_worker.placement.state import RequestClasses, WorkMeter
 
 
 class Encoding(NamedTuple):
-    """(holders, distance sum, ID weight) as holders * holder_unit + sum * sum_unit - weight."""
+    """(bundles, distance sum, ID weight) as bundles * bundle_unit + sum * sum_unit - weight."""
 
     sum_unit: int
-    holder_unit: int
+    bundle_unit: int
 
     @classmethod
     def for_pool(cls, pool_size: int, deepest: int) -> Encoding:
@@ -36,11 +36,11 @@ class Encoding(NamedTuple):
         return cls(sum_unit, sum_unit << largest_sum.bit_length())
 
     def decode(self, value: int) -> tuple[int, int, int]:
-        """(holders, distance sum, ID weight) of an encoded value."""
+        """(bundles, distance sum, ID weight) of an encoded value."""
         units = -(-value // self.sum_unit)
         weight = units * self.sum_unit - value
-        holders, distance_sum = divmod(units, self.holder_unit // self.sum_unit)
-        return holders, distance_sum, weight
+        bundles, distance_sum = divmod(units, self.bundle_unit // self.sum_unit)
+        return bundles, distance_sum, weight
 
 
 _NOT_A_CLASS = -1
@@ -92,7 +92,7 @@ class Knapsack:
 
     classes: RequestClasses
     fewest: Sequence[int]
-    holder_of: Sequence[int]
+    bundle_of: Sequence[int]
     chain: Sequence[int]
     encoding: Encoding
     meter: WorkMeter
@@ -100,7 +100,7 @@ class Knapsack:
     @property
     def _unreached(self) -> int:
         """Above every value: the start of every minimum."""
-        return self.encoding.holder_unit << 16
+        return self.encoding.bundle_unit << 16
 
     def solve(self, tree: RootTree | None, most: dict[int, int], count: int) -> Solution | None:
         """The best `count` devices of the classes in `most` (class: the most it may give), all under `tree`,
@@ -167,15 +167,15 @@ class Knapsack:
         cards: dict[int, _Part] = {}
         for c in hanging:
             leaf = self._leaf(c, most[c], whole)
-            holder = self.holder_of[c]
-            if holder > SOLO:   # a card's bit
-                cards[holder] = self._merge(cards[holder], leaf, whole) if holder in cards else leaf
+            bundle = self.bundle_of[c]
+            if bundle > SOLO:   # a card's bit
+                cards[bundle] = self._merge(cards[bundle], leaf, whole) if bundle in cards else leaf
             else:
                 part = leaf if part is None else self._merge(part, leaf, whole)
-        holder_unit = self.encoding.holder_unit
+        bundle_unit = self.encoding.bundle_unit
         for card in cards.values():
             self.meter.charge(len(card.values))
-            charged = [value if card.low + i == 0 else value + holder_unit for i, value in enumerate(card.values)]
+            charged = [value if card.low + i == 0 else value + bundle_unit for i, value in enumerate(card.values)]
             part = self._add(part, self._same(card, charged), whole)
         for child in below:
             part = self._add(part, self._edged(child, whole), whole)
@@ -198,8 +198,8 @@ class Knapsack:
         mandatory = self.classes.mandatory[cls]
         weights = self.classes.free_weights[cls]
         per_device = self.chain[cls] * (whole.devices - 1) * self.encoding.sum_unit
-        if self.holder_of[cls] == SOLO:
-            per_device += self.encoding.holder_unit
+        if self.bundle_of[cls] == SOLO:
+            per_device += self.encoding.bundle_unit
         return _Part(low, [n * per_device - weights[n - mandatory] for n in range(low, high + 1)], most,
                      self.fewest[cls], cls=cls)
 
