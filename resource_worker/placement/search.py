@@ -340,7 +340,7 @@ class Search:
         for part in settled.parts:
             if part is not None:
                 counts.update(knapsack.counts(part))
-        _, distance_sum, _ = self.encoding.decode(settled.value)
+        distance_sum = self.encoding.decode(settled.value).distance_sum
         self.meter.charge(self.size)
         return Score(unknown_numa=self.numa.unknown, numa_nodes=self.numa.nodes, cards=split.score.cards,
                      unreadable_paths=split.score.unreadable_paths, cross_root_pairs=split.score.cross_root_pairs,

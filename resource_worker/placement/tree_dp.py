@@ -23,8 +23,17 @@ from resource_worker.placement.geometry import RootTree
 from resource_worker.placement.state import RequestClasses, WorkMeter
 
 
+class Decoded(NamedTuple):
+    """What one encoded knapsack value holds."""
+
+    bundles: int
+    distance_sum: int
+    id_weight: int
+
+
 class Encoding(NamedTuple):
-    """(bundles, distance sum, ID weight) as bundles * bundle_unit + sum * sum_unit - weight."""
+    """A `Decoded` as one integer, bundles * bundle_unit + distance_sum * sum_unit - id_weight: lexicographic
+    order survives addition, so the tree program adds and compares plain integers."""
 
     sum_unit: int
     bundle_unit: int
@@ -35,12 +44,11 @@ class Encoding(NamedTuple):
         largest_sum = pool_size * pool_size * max(deepest, 1)
         return cls(sum_unit, sum_unit << largest_sum.bit_length())
 
-    def decode(self, value: int) -> tuple[int, int, int]:
-        """(bundles, distance sum, ID weight) of an encoded value."""
+    def decode(self, value: int) -> Decoded:
         units = -(-value // self.sum_unit)
         weight = units * self.sum_unit - value
         bundles, distance_sum = divmod(units, self.bundle_unit // self.sum_unit)
-        return bundles, distance_sum, weight
+        return Decoded(bundles, distance_sum, weight)
 
 
 _NOT_A_CLASS = -1
