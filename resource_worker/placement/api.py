@@ -53,10 +53,10 @@ class Placement:
         (else None), and the answer's value."""
         if self.open_bound is None or self.score is None:
             return None
-        # A bound never settles the last components (`Bound`): the loop returns at the first of them at the latest.
+        # A field the bound does not have, or has not settled, is None: the loop returns there at the latest.
         for name, value in zip(Score._fields, self.score, strict=True):
             bound = getattr(self.open_bound, name, None)
-            if bound is None or bound != value:
+            if bound != value:
                 return Shortfall(name, bound, value)
         raise AssertionError("a cut search settled every component of the score")
 
