@@ -17,7 +17,7 @@ from typing import NamedTuple
 from resource_worker.placement.incumbent import first_selection
 from resource_worker.placement.pool import tables_for
 from resource_worker.placement.request import Candidate, check_answer, validate
-from resource_worker.placement.score import Score
+from resource_worker.placement.score import Bound, Score
 from resource_worker.placement.search import Search
 
 # Search work per call: roughly one unit per class or tree node looked at, per pair of counts a
@@ -45,20 +45,20 @@ class Placement:
     """Search work units spent."""
     score: Score | None
     """None when there was nothing to choose (all mandatory, or the whole pool)."""
-    open_bound: tuple | None
-    """When the search was cut: the optimum's components it had settled, in order (the others unknown)."""
+    open_bound: Bound | None
+    """When the search was cut: the optimum's components it had settled (the others None)."""
 
     def shortfall(self) -> Shortfall | None:
         """When cut: the first component where the answer may be beaten, the optimum there if it was settled
         (else None), and the answer's value."""
         if self.open_bound is None or self.score is None:
             return None
-        # The bound may stop before the last component: the components it does not reach are not compared.
-        for name, bound, value in zip(Score._fields, self.open_bound, self.score, strict=False):
+        # A field the bound does not have, or has not settled, is None: the loop returns there at the latest.
+        for name, value in zip(Score._fields, self.score, strict=True):
+            bound = getattr(self.open_bound, name, None)
             if bound != value:
                 return Shortfall(name, bound, value)
-        name = Score._fields[min(len(self.open_bound), len(Score._fields) - 1)]
-        return Shortfall(name, None, getattr(self.score, name))
+        raise AssertionError("a cut search settled every component of the score")
 
 
 def place(candidates: Mapping[str, Candidate], available: Sequence[str], must_include: Sequence[str], size: int,
@@ -74,9 +74,8 @@ def place(candidates: Mapping[str, Candidate], available: Sequence[str], must_in
         tables = tables_for(tuple(candidates[i] for i in request.pool))
         search = Search(tables, set(request.mandatory), size, budget)
         outcome = search.run(lambda: first_selection(tables, search.classes, size, search.numa.options))
-        chosen, score = outcome.selection, Score(*outcome.score_values)
-        work, proven = outcome.work, outcome.proven_optimal
-        open_bound = None if outcome.open_bound is None else tuple(outcome.open_bound)
+        chosen, score = outcome.score.device_ids, outcome.score
+        work, proven, open_bound = outcome.work, outcome.proven_optimal, outcome.open_bound
     # Checked as the search gave it: putting the mandatory devices first must not hide one it dropped.
     check_answer(request, list(chosen))
     mandatory = set(request.mandatory)

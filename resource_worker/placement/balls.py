@@ -3,7 +3,7 @@ optimum, and the widest balls of that diameter.
 
 Invariant: a ball is "feasible" when the devices it holds, within the class
 limits, include every forced device of the root and can make up `count`
-devices with no more than `groups` cards. `feasible_balls` without a diameter
+devices with no more than `bundles` bundles (cards, or devices with no card). `feasible_balls` without a diameter
 finds the least D for which some centre's ball is feasible: no selection
 meeting the card count has a smaller largest distance at this root, and some
 has exactly D. For that D (or the one given) it returns the feasible balls none
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from resource_worker.placement.counting import FREE, SOLO, Limits
-from resource_worker.placement.geometry import Center, RootTree
+from resource_worker.placement.geometry import NO_PENDANT, Center, RootTree
 from resource_worker.placement.state import WorkMeter
 
 
@@ -27,7 +27,7 @@ class Target(NamedTuple):
     """What a root's share of a selection must meet."""
 
     devices: int
-    groups: int
+    bundles: int
     forced: int
     """Forced devices at the root: a feasible ball holds all of them."""
 
@@ -42,7 +42,7 @@ class Balls(NamedTuple):
     balls: list[Ball]
 
 
-def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], target: Target, meter: WorkMeter,
+def feasible_balls(tree: RootTree, limits: Limits, bundle_of: Sequence[int], target: Target, meter: WorkMeter,
                    diameter: int | None = None, at_most: int | None = None) -> Balls | None:
     """The least diameter meeting `target`, if at most `at_most`, (or the one given) and its widest feasible
     balls; None if there is none."""
@@ -58,7 +58,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
     forced = [tree.index[c] for c in tree.classes if fewest[c]]
     ranked: list[tuple[int, int, Center]] = []
     for center in tree.centers:
-        if center.pendant >= 0 and fewest[center.pendant] > 1:
+        if center.pendant != NO_PENDANT and fewest[center.pendant] > 1:
             continue    # a pendant centre holds one device of its class: not a class that must give two
         # A lower bound on the diameter at which the ball is feasible: it must hold enough devices, and the
         # forced ones.
@@ -84,7 +84,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
     for floor, _, center in ranked:
         if best is not None and floor > best:
             break
-        feasible_at = _first_feasible(center, limits, group_of, target, best, meter)
+        feasible_at = _first_feasible(center, limits, bundle_of, target, best, meter)
         if feasible_at is None:
             continue
         if not found or (best is not None and feasible_at < best and diameter is None):
@@ -95,7 +95,7 @@ def feasible_balls(tree: RootTree, limits: Limits, group_of: Sequence[int], targ
     return Balls(best, _widest([_ball(center, limits, best, meter) for center in hits], meter))
 
 
-def _first_feasible(center: Center, limits: Limits, group_of: Sequence[int], target: Target, stop: int | None,
+def _first_feasible(center: Center, limits: Limits, bundle_of: Sequence[int], target: Target, stop: int | None,
                     meter: WorkMeter) -> int | None:
     """The least reach, up to `stop`, at which the centre's ball is feasible."""
     fewest, most = limits
@@ -117,22 +117,22 @@ def _first_feasible(center: Center, limits: Limits, group_of: Sequence[int], tar
             low = fewest[c]
             supply += room
             forced += low
-            group = group_of[c]
-            if group == FREE:
+            bundle = bundle_of[c]
+            if bundle == FREE:
                 free += room
-            elif group == SOLO:
+            elif bundle == SOLO:
                 solo_forced += low
                 solo_rooms += room - low
             else:
-                card_room[group] = card_room.get(group, 0) + room
+                card_room[bundle] = card_room.get(bundle, 0) + room
                 if low:
-                    card_forced.add(group)
+                    card_forced.add(bundle)
         # Judged once every class at this reach is in.
         if (i == last or reaches[i + 1] != reach) and forced >= target.forced and supply >= target.devices:
             paid = solo_forced + len(card_forced)
             capacity = free + solo_forced + sum(card_room[card] for card in card_forced)
             meter.charge(len(card_room))
-            if _enough(card_room, card_forced, solo_rooms, target.devices - capacity, target.groups - paid):
+            if _enough(card_room, card_forced, solo_rooms, target.devices - capacity, target.bundles - paid):
                 meter.record(i + 1)
                 return reach
     meter.record(len(reaches))
@@ -140,7 +140,7 @@ def _first_feasible(center: Center, limits: Limits, group_of: Sequence[int], tar
 
 
 def _enough(card_room: dict[int, int], card_forced: set[int], solo_rooms: int, need: int, opened: int) -> bool:
-    """Whether opening `opened` more groups (the largest cards, then devices with no card) covers `need`."""
+    """Whether opening `opened` more bundles (the largest cards, then devices with no card) covers `need`."""
     if need <= 0:
         return opened >= 0
     if opened <= 0:

@@ -2,16 +2,17 @@
 
 Invariant: nothing here is a bound; every value is the exact optimum of what it
 names. `numa_options` lists every way a selection can meet the unknown-NUMA and
-NUMA-node optima (or says it stopped short); `fewest_groups` is the least number
-of cards any selection within some limits uses; `groups_by_count` gives that
+NUMA-node optima (or says it stopped short); `fewest_bundles` is the least number
+of cards any selection within some limits uses; `bundles_by_count` gives that
 least number for every device count of one place. Covering a count with the
-fewest groups is exact by taking the largest groups first once the groups a
+fewest bundles is exact by taking the largest bundles first once the bundles a
 selection must pay for anyway are counted.
 
-A "group" is what the card component counts: a card, or a device with no card.
-`group_of[c]` says how class c counts: FREE (its card is paid for already), SOLO
-(each of its devices is a group of its own) or a card's bit (the class's devices
-count once together with every other class of that card).
+A "bundle" is what the card component counts: a card bundles its devices, and a
+device with no card is a bundle of its own. `bundle_of[c]` says how class c
+counts: FREE (its card is paid for already), SOLO (each of its devices is a
+bundle of its own) or a card's bit (the class's devices count once together
+with every other class of that card). FREE < SOLO < every card's bit.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.pool import NO_CARD, UNKNOWN_NUMA, PoolTables
 
 FREE = -1
-SOLO = 0
+SOLO = NO_CARD
+"""So a pool's `card_bit` reads as `bundle_of` before any card is paid for."""
 # Sets of NUMA nodes tried when listing the ways to meet the NUMA optimum: listing them is not
 # counted as search work, so it is bounded here (8 NUMA nodes of equal room give 70 sets).
 _NUMA_SETS_TRIED = 1024
@@ -47,15 +49,15 @@ class NumaOptions(NamedTuple):
     """Whether `options` holds every such set."""
 
 
-class GroupCounts(NamedTuple):
-    """How the groups of some classes fill: what any selection pays, what it holds for free, what it may open."""
+class BundleCounts(NamedTuple):
+    """How the bundles of some classes fill: what any selection pays, what it holds for free, what it may open."""
 
     paid: int
-    """Groups every selection within the limits uses: cards with a forced device, forced devices with no card."""
+    """Bundles every selection within the limits uses: cards with a forced device, forced devices with no card."""
     capacity: int
-    """Devices a selection takes without opening another group."""
+    """Devices a selection takes without opening another bundle."""
     rooms: list[int]
-    """Devices each other group would add, largest first."""
+    """Devices each other bundle would add, largest first."""
     fewest_devices: int
     most_devices: int
 
@@ -67,12 +69,12 @@ def numa_options(tables: PoolTables, mandatory: Sequence[int], size: int) -> Num
     Every selection scoring that optimum keeps within one of the options (as far as the sets tried reach).
     """
     classes = range(len(tables.size))
-    known = [c for c in classes if tables.numa_bit[c]]
-    unknown_forced = sum(mandatory[c] for c in classes if not tables.numa_bit[c])
+    known = [c for c in classes if tables.numa_bit[c] != UNKNOWN_NUMA]
+    unknown_forced = sum(mandatory[c] for c in classes if tables.numa_bit[c] == UNKNOWN_NUMA)
     known_room = sum(tables.size[c] for c in known)
     if size - known_room > unknown_forced:
         # Not enough known devices: all of them, and as few unknown ones as that leaves.
-        fewest = tuple(tables.size[c] if tables.numa_bit[c] else mandatory[c] for c in classes)
+        fewest = tuple(tables.size[c] if tables.numa_bit[c] != UNKNOWN_NUMA else mandatory[c] for c in classes)
         return NumaOptions(size - known_room, len({tables.numa_bit[c] for c in known}),
                            [Limits(fewest, tuple(tables.size))], True)
     room: dict[int, int] = {}
@@ -99,13 +101,13 @@ def numa_options(tables: PoolTables, mandatory: Sequence[int], size: int) -> Num
     return NumaOptions(unknown_forced, paid.bit_count() + extra, options, complete)
 
 
-def group_counts(classes: Sequence[int], group_of: Sequence[int], limits: Limits) -> GroupCounts:
-    """The groups of `classes` within `limits`, as `fewest_groups` and `groups_by_count` read them."""
+def bundle_counts(classes: Sequence[int], bundle_of: Sequence[int], limits: Limits) -> BundleCounts:
+    """The bundles of `classes` within `limits`, as `fewest_bundles` and `bundles_by_count` read them."""
     fewest, most = limits
     forced_cards: set[int] = set()
     for c in classes:
-        if fewest[c] and group_of[c] > 0:
-            forced_cards.add(group_of[c])
+        if fewest[c] and bundle_of[c] > SOLO:
+            forced_cards.add(bundle_of[c])
     paid = len(forced_cards)
     capacity = 0
     card_rooms: dict[int, int] = {}
@@ -114,22 +116,22 @@ def group_counts(classes: Sequence[int], group_of: Sequence[int], limits: Limits
     for c in classes:
         low += fewest[c]
         high += most[c]
-        group = group_of[c]
-        if group == FREE or group in forced_cards:
+        bundle = bundle_of[c]
+        if bundle == FREE or bundle in forced_cards:
             capacity += most[c]
-        elif group == SOLO:
+        elif bundle == SOLO:
             paid += fewest[c]
             capacity += fewest[c]
             solo_rooms += most[c] - fewest[c]
         elif most[c]:
-            card_rooms[group] = card_rooms.get(group, 0) + most[c]
+            card_rooms[bundle] = card_rooms.get(bundle, 0) + most[c]
     rooms = sorted(card_rooms.values(), reverse=True) + [1] * solo_rooms
-    return GroupCounts(paid, capacity, rooms, low, high)
+    return BundleCounts(paid, capacity, rooms, low, high)
 
 
-def fewest_groups(classes: Sequence[int], group_of: Sequence[int], limits: Limits, target: int) -> int | None:
-    """The least groups a selection of `target` devices of `classes` within `limits` uses; None if none exists."""
-    counts = group_counts(classes, group_of, limits)
+def fewest_bundles(classes: Sequence[int], bundle_of: Sequence[int], limits: Limits, target: int) -> int | None:
+    """The least bundles a selection of `target` devices of `classes` within `limits` uses; None if none exists."""
+    counts = bundle_counts(classes, bundle_of, limits)
     if not counts.fewest_devices <= target <= counts.most_devices:
         return None
     need = target - counts.capacity
@@ -142,9 +144,9 @@ def fewest_groups(classes: Sequence[int], group_of: Sequence[int], limits: Limit
     return counts.paid + opened
 
 
-def groups_by_count(classes: Sequence[int], group_of: Sequence[int], limits: Limits) -> list[int | None]:
-    """`fewest_groups` for every target from 0 to the most devices the classes give (None: impossible)."""
-    counts = group_counts(classes, group_of, limits)
+def bundles_by_count(classes: Sequence[int], bundle_of: Sequence[int], limits: Limits) -> list[int | None]:
+    """`fewest_bundles` for every target from 0 to the most devices the classes give (None: impossible)."""
+    counts = bundle_counts(classes, bundle_of, limits)
     result: list[int | None] = [None] * counts.fewest_devices
     opened, reach = 0, counts.capacity
     rooms = iter(counts.rooms)

@@ -20,10 +20,13 @@ from functools import cached_property
 from operator import add
 from typing import NamedTuple
 
-from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.pool import NO_NODE, NO_ROOT, PoolTables
 
 # Root trees kept: those of the pools whose tables are kept (`pool.tables_for`), and some more.
 _CACHED_ROOTS = 32
+
+NO_PENDANT = -1
+"""`Center.pendant` of a centre on no class's own path."""
 
 
 class Center(NamedTuple):
@@ -33,7 +36,7 @@ class Center(NamedTuple):
     """Ascending: the class `classes[i]` is in the ball of diameter D when `reaches[i]` is at most D."""
     classes: tuple[int, ...]
     pendant: int
-    """-1, or the class the centre's path belongs to: at most one of its devices is in the ball."""
+    """NO_PENDANT, or the class the centre's path belongs to: at most one of its devices is in the ball."""
     limit: int | None
     """Diameters from which this centre's balls are held by another's (pendant centres only); None: none."""
     by_class: tuple[int, ...]
@@ -44,7 +47,7 @@ class Shape(NamedTuple):
     """Where the classes of one root hang: all a root tree depends on."""
 
     nodes: tuple[tuple[int, int], ...]
-    """(node, parent) for each tree node of the root; parent -1 for the root's own node."""
+    """(node, parent) for each tree node of the root; parent NO_NODE for the root's own node."""
     classes: tuple[tuple[int, int, int], ...]
     """(class, attach node, chain) for each class under the root."""
 
@@ -62,7 +65,7 @@ class RootTree:
         self.parent = dict(shape.nodes)
         self.children: dict[int, list[int]] = {v: [] for v, _ in shape.nodes}
         for v, parent in shape.nodes:
-            if parent >= 0:
+            if parent != NO_NODE:
                 self.children[parent].append(v)
             else:
                 self.top = v
@@ -92,7 +95,7 @@ class RootTree:
             last[v] = max([first[v]] + [last[child] for child in self.children[v]])
         depth: dict[int, int] = {}
         for v in reversed(self.postorder):
-            depth[v] = depth[parent[v]] + 1 if parent[v] >= 0 else 0
+            depth[v] = depth[parent[v]] + 1 if parent[v] != NO_NODE else 0
         spans = [first[a] for a in attach]
         hops = {self.top: [depth[a] for a in attach]}
         for v in reversed(self.postorder):
@@ -124,10 +127,11 @@ class RootTree:
             parent = self.parent[v]
             directions = sum(1 for child in self.children[v] if within[child]) + (within[v] < total)
             if self.hanging[v] or directions > 1:
-                centers.append(self._center([2 * (h + k) for h, k in zip(hops[v], chain, strict=True)], -1, None))
-            if odd and parent >= 0 and 0 < within[v] < total:
+                reaches = [2 * (h + k) for h, k in zip(hops[v], chain, strict=True)]
+                centers.append(self._center(reaches, NO_PENDANT, None))
+            if odd and parent != NO_NODE and 0 < within[v] < total:
                 centers.append(self._center([2 * (min(near, far) + k) + 1 for near, far, k
-                                             in zip(hops[v], hops[parent], chain, strict=True)], -1, None))
+                                             in zip(hops[v], hops[parent], chain, strict=True)], NO_PENDANT, None))
         for i, a in enumerate(self.classes):
             # One device of `a` at one end; the others within D of it, so within D - chain[a] of attach[a]:
             # pairwise closer than D as long as D < 2 * chain[a] (from there attach[a]'s ball holds them).
@@ -175,6 +179,6 @@ def forest(tables: PoolTables) -> list[RootTree]:
         nodes[root].append((v, parent))
     classes: list[list[tuple[int, int, int]]] = [[] for _ in range(tables.n_roots)]
     for c, root in enumerate(tables.root):
-        if root >= 0:
+        if root != NO_ROOT:
             classes[root].append((c, tables.attach[c], tables.chain[c]))
     return [_root_tree(root, Shape(tuple(nodes[root]), tuple(classes[root]))) for root in range(tables.n_roots)]

@@ -20,6 +20,17 @@ _CACHED_POOLS = 8
 
 Path = tuple[str, ...]
 
+# What the tables say where a class has nothing to say. Per-class facts are parallel lists indexed by
+# class (the search's inner loops read them by index), so a missing one is a value of its own, named here.
+UNKNOWN_NUMA = 0
+"""`numa_bit` of a class whose NUMA node is unknown (known nodes have one bit each)."""
+NO_CARD = 0
+"""`card_bit` of a class whose devices share a card with no other offered device: each counts as a card."""
+NO_ROOT = -1
+"""`root` of a class whose PCI path could not be read."""
+NO_NODE = -1
+"""`attach` of a class whose PCI path could not be read; `node_parent` of a root's own node."""
+
 
 class Position(NamedTuple):
     """Where a class sits: devices with equal positions are interchangeable in the PCI components."""
@@ -51,42 +62,41 @@ class PoolTables:
             # A card holding one available device behaves exactly like no card.
             card = c.card if c.card is not None and card_sizes[c.card] > 1 else None
             members.setdefault(ClassKey(c.numa_node, card, tree.position(c.pci_path)), []).append(c)
-        groups = sorted(members.items(), key=lambda item: item[1][0].device_id)
+        keyed = sorted(members.items(), key=lambda item: item[1][0].device_id)
 
-        numa_nodes = sorted({k.numa_node for k, _ in groups if k.numa_node is not None})
-        # No bit for an unknown NUMA node or no card: get(None, 0).
+        numa_nodes = sorted({k.numa_node for k, _ in keyed if k.numa_node is not None})
         numa_bits: dict[int | None, int] = {n: 1 << i for i, n in enumerate(numa_nodes)}
-        cards = sorted({k.card for k, _ in groups if k.card is not None})
+        cards = sorted({k.card for k, _ in keyed if k.card is not None})
         card_bits: dict[str | None, int] = {n: 1 << i for i, n in enumerate(cards)}
         root_index: dict[str, int] = {}
         node_index: dict[Path, int] = {}
         self.ids: list[tuple[str, ...]] = []
         self.first_id: list[str] = []
-        self.numa_bit: list[int] = []   # 0: unknown NUMA
-        self.card_bit: list[int] = []   # 0: a card per device
-        self.root: list[int] = []       # -1: unreadable path
+        self.numa_bit: list[int] = []   # or UNKNOWN_NUMA
+        self.card_bit: list[int] = []   # or NO_CARD
+        self.root: list[int] = []       # or NO_ROOT
         self.depth: list[int] = []
         self.intra: list[int] = []      # distance between two devices of the class
         self.attach: list[int] = []
-        """The tree node each class hangs from (-1: unreadable path)."""
-        for key, devices in groups:
+        """The tree node each class hangs from (NO_NODE: unreadable path)."""
+        for key, devices in keyed:
             self.ids.append(tuple(d.device_id for d in devices))
             self.first_id.append(devices[0].device_id)
-            self.numa_bit.append(numa_bits.get(key.numa_node, 0))
-            self.card_bit.append(card_bits.get(key.card, 0))
+            self.numa_bit.append(numa_bits.get(key.numa_node, UNKNOWN_NUMA))
+            self.card_bit.append(card_bits.get(key.card, NO_CARD))
             path = devices[0].pci_path or ()
-            self.root.append(root_index.setdefault(path[0], len(root_index)) if path else -1)
+            self.root.append(root_index.setdefault(path[0], len(root_index)) if path else NO_ROOT)
             self.depth.append(len(path))
             self.intra.append(key.position.intra)
             # Below `shared` the devices of a class part ways, one device per node.
             shared = key.position.shared
             for i in range(1, len(shared) + 1):
                 node_index.setdefault(shared[:i], len(node_index))
-            self.attach.append(node_index[shared] if shared else -1)
+            self.attach.append(node_index[shared] if shared else NO_NODE)
         self.n_roots = len(root_index)
         self.size = [len(ids) for ids in self.ids]
         # Tree nodes: every prefix of a class's `shared` path, so a node's parent is a node too.
-        self.node_parent = [node_index.get(path[:-1], -1) for path in node_index]
+        self.node_parent = [node_index.get(path[:-1], NO_NODE) for path in node_index]
         self.node_root = [root_index[path[0]] for path in node_index]
         self.chain = [intra // 2 for intra in self.intra]
         """Hops from `attach` down to each device of the class, through nodes no other device shares."""

@@ -3,7 +3,10 @@
 Invariant: `score` is the definition. The search computes the same values
 component by component, and the tests compare its answers and their scores with
 this function on every selection of small pools; nothing else decides what
-"better" means.
+"better" means. The search carries what it knows of a score in the types here,
+never in bare tuples: `SplitScore` for the components a split of the devices
+over the PCI roots settles, `Bound` for the optimum's components settled so far,
+`Score` for a complete selection. Their fields are `Score`'s, in its order.
 """
 
 from __future__ import annotations
@@ -33,6 +36,35 @@ class Score(NamedTuple):
     device_ids: tuple[str, ...]
     """The selection's IDs, sorted: the deterministic tie-break."""
 
+
+class SplitScore(NamedTuple):
+    """What every selection of one split of the devices over the places (PCI roots, unreadable paths) scores
+    on the components the split settles; the NUMA components before them are the same for every split."""
+
+    cards: int
+    unreadable_paths: int
+    cross_root_pairs: int
+
+
+class Bound(NamedTuple):
+    """The optimum's components as far as a search has settled them, in order; None: not settled (nor any
+    after it). The components after `max_distance` are settled only with the answer itself."""
+
+    unknown_numa: int
+    numa_nodes: int
+    cards: int | None = None
+    unreadable_paths: int | None = None
+    cross_root_pairs: int | None = None
+    max_distance: int | None = None
+
+    def settled(self) -> tuple[int, ...]:
+        """The settled components, in order."""
+        settled = []
+        for value in self:
+            if value is None:
+                break
+            settled.append(value)
+        return tuple(settled)
 
 
 def distance(first: tuple[str, ...], second: tuple[str, ...]) -> int:

@@ -24,7 +24,8 @@ from resource_worker.placement import counting
 from resource_worker.placement.balls import Ball, Balls, Target, feasible_balls
 from resource_worker.placement.counting import FREE, Limits
 from resource_worker.placement.geometry import RootTree, forest
-from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.pool import NO_CARD, NO_ROOT, PoolTables
+from resource_worker.placement.score import Bound, Score, SplitScore
 from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter, WorkSpent
 from resource_worker.placement.tree_dp import Encoding, Knapsack, Solution
@@ -34,7 +35,7 @@ class Plan(NamedTuple):
     """A branch before the places are split: its limits, how each class counts cards, and cards counted already."""
 
     limits: Limits
-    group_of: tuple[int, ...]
+    bundle_of: tuple[int, ...]
     paid: int
     """Cards every selection of the branch uses outside the places' own count: paid for by a forced device,
     or opened by the branch though spread over several places."""
@@ -43,12 +44,12 @@ class Plan(NamedTuple):
 class Split(NamedTuple):
     """A branch with its devices spread over the places: each PCI root, then the devices with no readable path."""
 
-    prefix: tuple[int, ...]
-    """The exact unknown-NUMA, NUMA-node, card, unreadable-path and cross-root values."""
+    score: SplitScore
+    """The exact card, unreadable-path and cross-root values of every selection of the split."""
     plan: Plan
     counts: tuple[int, ...]
-    groups: tuple[int, ...]
-    """The least cards each place uses for its count."""
+    bundles: tuple[int, ...]
+    """The least bundles (cards, devices with no card) each place uses for its count."""
 
 
 class Settled(NamedTuple):
@@ -60,12 +61,12 @@ class Settled(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    selection: tuple[str, ...]
-    score_values: list
+    score: Score
+    """The answer's score: its devices are `score.device_ids`."""
     proven_optimal: bool
     work: int
-    open_bound: list | None
-    """When cut: the components of the optimum known exactly, in order (the rest unknown)."""
+    open_bound: Bound | None
+    """When cut: the components of the optimum known exactly (the rest None)."""
 
 
 class Search:
@@ -78,21 +79,21 @@ class Search:
         self.meter = WorkMeter(budget)
         self.numa = counting.numa_options(tables, self.classes.mandatory, size)
         self.trees = forest(tables)
-        self.pool_classes = [c for c in range(len(tables.size)) if tables.root[c] < 0]
+        self.pool_classes = [c for c in range(len(tables.size)) if tables.root[c] == NO_ROOT]
         self.encoding = Encoding.for_pool(sum(tables.size), max(tables.depth, default=1))
-        self.known: list = [self.numa.unknown, self.numa.nodes]
+        self.bound = Bound(self.numa.unknown, self.numa.nodes)
         """The exact optimum of each component, as far as the search got."""
-        self.found: list | None = None
-        """The score values of the best complete selection found."""
+        self.found: Score | None = None
+        """The score of the best complete selection found."""
         self._diameters: dict[tuple, Balls | None] = {}
         """Per root, its count and its classes' limits: its least diameter and widest balls."""
         self._keys: dict[tuple[int, int, int], tuple] = {}
         self._settled: dict[tuple, tuple[int, Solution] | None] = {}
         """Per root, its count, its classes' limits and the largest distance: its best part."""
 
-    def run(self, fallback: Callable[[], list]) -> Outcome:
-        """The best selection; `fallback` gives the score values (IDs last) of a valid one, asked for only when
-        the search is cut before it has settled every branch."""
+    def run(self, fallback: Callable[[], Score]) -> Outcome:
+        """The best selection; `fallback` gives the score of a valid one, asked for only when the search is cut
+        before it has settled every branch."""
         proven = self.numa.complete
         try:
             self._search()
@@ -103,13 +104,14 @@ class Search:
             first = fallback()
             best = first if best is None or first < best else best
         assert best is not None, "a finished search found a selection"
-        return Outcome(best[-1], best, proven, self.meter.work, None if proven else list(self.known))
+        return Outcome(best, proven, self.meter.work, None if proven else self.bound)
 
     def _search(self) -> None:
         splits = self._best_splits()
         # The card optimum is met by some selection, so some branch meets it: none would be a bug.
         assert splits, "no branch meets the card optimum"
-        self._settled_component(*splits[0].prefix[3:])
+        self._settle_bound(unreadable_paths=splits[0].score.unreadable_paths,
+                           cross_root_pairs=splits[0].score.cross_root_pairs)
         # Only the splits reaching the least largest distance matter: each is judged up to the best so far.
         diameter = None
         reached = []
@@ -119,7 +121,7 @@ class Search:
                 diameter = least if diameter is None else min(diameter, least)
                 reached.append((least, split))
         assert diameter is not None, "no branch meets the card count at every root"
-        self._settled_component(diameter)
+        self._settle_bound(max_distance=diameter)
         best = None
         for least, split in reached:
             if least == diameter:
@@ -129,10 +131,10 @@ class Search:
                     self.found = self._score(split, diameter, settled)
         assert self.found is not None, "no branch reaches the least largest distance"
 
-    def _settled_component(self, *values: int) -> None:
+    def _settle_bound(self, **components: int) -> None:
         """The optimum's next components are known, if every set of NUMA nodes was searched."""
         if self.numa.complete:
-            self.known.extend(values)
+            self.bound = self.bound._replace(**components)
 
     # -- cards and places ----------------------------------------------------------------------
 
@@ -140,25 +142,25 @@ class Search:
         """Every branch meeting the optima up to the cross-root pairs."""
         tables = self.tables
         everything = range(len(tables.size))
-        # A class with no card (bit 0) counts each device: counting.SOLO is 0.
+        # Before any card is paid for, a class counts as its card (counting.SOLO when it has none).
         cards = tables.card_bit
         scored = []
         for option in self.numa.options:
             self.meter.charge(len(tables.size))
-            groups = counting.fewest_groups(everything, cards, option, self.size)
-            assert groups is not None, "every NUMA option listed holds a selection"
-            scored.append((groups, option))
-        fewest = min(groups for groups, _ in scored)
-        self._settled_component(fewest)
+            bundles = counting.fewest_bundles(everything, cards, option, self.size)
+            assert bundles is not None, "every NUMA option listed holds a selection"
+            scored.append((bundles, option))
+        fewest = min(bundles for bundles, _ in scored)
+        self._settle_bound(cards=fewest)
         splits: list[Split] = []
-        for groups, option in scored:
-            if groups != fewest:
+        for bundles, option in scored:
+            if bundles != fewest:
                 continue
             for plan in self._plans(option, cards, fewest):
                 for split in self._splits(plan):
-                    if not splits or split.prefix < splits[0].prefix:
+                    if not splits or split.score < splits[0].score:
                         splits = [split]
-                    elif split.prefix == splits[0].prefix:
+                    elif split.score == splits[0].score:
                         splits.append(split)
         return splits
 
@@ -172,40 +174,40 @@ class Search:
         tables = self.tables
         self.meter.charge(len(cards))
         classes = [c for c in range(len(cards)) if option.most[c]]
-        paid = {cards[c] for c in classes if option.fewest[c] and cards[c]}
+        paid = {cards[c] for c in classes if option.fewest[c] and cards[c] != NO_CARD}
         places: dict[int, set] = {}
         rooms: dict[int, int] = {}
         for c in classes:
-            if cards[c] and cards[c] not in paid:
+            if cards[c] != NO_CARD and cards[c] not in paid:
                 places.setdefault(cards[c], set()).add((tables.root[c], tables.attach[c]))
                 rooms[cards[c]] = rooms.get(cards[c], 0) + option.most[c]
         spread = sorted((card for card, where in places.items() if len(where) > 1),
                         key=lambda card: (-rooms[card], card))
-        base_group = [FREE if cards[c] in paid else cards[c] for c in range(len(cards))]
+        base_bundles = [FREE if cards[c] in paid else cards[c] for c in range(len(cards))]
         # Depth first, opened before closed: (cards decided, of them opened, the cards each class counts, most).
-        pending = [(0, 0, base_group, list(option.most))]
+        pending = [(0, 0, base_bundles, list(option.most))]
         while pending:
-            decided, opened, group_of, most = pending.pop()
+            decided, opened, bundle_of, most = pending.pop()
             limits = Limits(option.fewest, tuple(most))
             if decided:
                 self.meter.charge(len(classes))
-                groups = counting.fewest_groups(classes, group_of, limits, self.size)
-                if groups is None or len(paid) + opened + groups != fewest:
+                bundles = counting.fewest_bundles(classes, bundle_of, limits, self.size)
+                if bundles is None or len(paid) + opened + bundles != fewest:
                     continue
             if decided == len(spread):
                 self.meter.charge(len(cards))
-                yield Plan(limits, tuple(group_of), len(paid) + opened)
+                yield Plan(limits, tuple(bundle_of), len(paid) + opened)
                 continue
             card = spread[decided]
             members = [c for c in classes if cards[c] == card]
             closed_most = most[:]
             for c in members:
                 closed_most[c] = 0
-            opened_group = group_of[:]
+            opened_bundles = bundle_of[:]
             for c in members:
-                opened_group[c] = FREE
-            pending.append((decided + 1, opened, group_of, closed_most))
-            pending.append((decided + 1, opened + 1, opened_group, most))
+                opened_bundles[c] = FREE
+            pending.append((decided + 1, opened, bundle_of, closed_most))
+            pending.append((decided + 1, opened + 1, opened_bundles, most))
 
     def _splits(self, plan: Plan) -> Iterator[Split]:
         """Every way to spread the plan's devices over the places meeting the card, unreadable and cross-root
@@ -219,15 +221,15 @@ class Search:
         places = [[c for c in tree.classes if most[c]] for tree in self.trees] + \
             [[c for c in self.pool_classes if most[c]]]
         used = [index for index, classes in enumerate(places) if classes]
-        groups = {}
+        bundles = {}
         values = []
         for index in used:
             self.meter.charge(len(places[index]) + 1)
-            groups[index] = counting.groups_by_count(places[index], plan.group_of, plan.limits)
-            self.meter.charge(len(groups[index]))
+            bundles[index] = counting.bundles_by_count(places[index], plan.bundle_of, plan.limits)
+            self.meter.charge(len(bundles[index]))
             pool = index == len(places) - 1
-            values.append([None if g is None else g * cards_unit + (n * squares_unit if pool else -n * n)
-                           for n, g in enumerate(groups[index][:self.size + 1])])
+            values.append([None if least is None else least * cards_unit + (n * squares_unit if pool else -n * n)
+                           for n, least in enumerate(bundles[index][:self.size + 1])])
         for shares in least_shares(values, self.size, self.meter):
             self.meter.charge(len(places))
             counts = [0] * len(places)
@@ -236,11 +238,12 @@ class Search:
             unreadable = counts[-1]
             readable = self.size - unreadable
             # A share is a count its place can give (the least sums skip the others): never None here.
-            place_groups = cast(tuple[int, ...], tuple(groups[index][n] if index in groups else 0
-                                                       for index, n in enumerate(counts)))
+            place_bundles = cast(tuple[int, ...], tuple(bundles[index][n] if index in bundles else 0
+                                                        for index, n in enumerate(counts)))
             cross = (readable * readable - sum(n * n for n in counts[:-1])) // 2
-            yield Split((self.numa.unknown, self.numa.nodes, plan.paid + sum(place_groups), unreadable, cross),
-                        plan, tuple(counts), place_groups)
+            score = SplitScore(cards=plan.paid + sum(place_bundles), unreadable_paths=unreadable,
+                               cross_root_pairs=cross)
+            yield Split(score, plan, tuple(counts), place_bundles)
 
     # -- each root's distances -----------------------------------------------------------------
 
@@ -251,7 +254,7 @@ class Search:
         if memo not in self._keys:
             fewest, most = plan.limits
             self.meter.charge(len(tree.classes))
-            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.group_of[c]) for c in tree.classes)
+            self._keys[memo] = tree.root, count, tuple((fewest[c], most[c], plan.bundle_of[c]) for c in tree.classes)
         return self._keys[memo]
 
     def _balls(self, tree: RootTree, split: Split, diameter: int | None = None,
@@ -259,8 +262,8 @@ class Search:
         """The root's least diameter, if at most `at_most`, and its widest balls (or its widest balls of the
         diameter given)."""
         fewest = split.plan.limits.fewest
-        target = Target(split.counts[tree.root], split.groups[tree.root], sum(fewest[c] for c in tree.classes))
-        return feasible_balls(tree, split.plan.limits, split.plan.group_of, target, self.meter, diameter, at_most)
+        target = Target(split.counts[tree.root], split.bundles[tree.root], sum(fewest[c] for c in tree.classes))
+        return feasible_balls(tree, split.plan.limits, split.plan.bundle_of, target, self.meter, diameter, at_most)
 
     def _diameter(self, split: Split, at_most: int | None) -> int | None:
         """The least largest distance of the split, the largest of its roots' least diameters, if at most
@@ -282,10 +285,10 @@ class Search:
     def _settle(self, split: Split, diameter: int) -> Settled | None:
         """The split's least (distance sum, ID weight) within this largest distance, with each place's part."""
         plan = split.plan
-        knapsack = Knapsack(self.classes, plan.limits.fewest, plan.group_of, self.tables.chain, self.encoding,
+        knapsack = Knapsack(self.classes, plan.limits.fewest, plan.bundle_of, self.tables.chain, self.encoding,
                             self.meter)
         # The cards counted outside the places, so that the totals of different plans compare.
-        total = plan.paid * self.encoding.group_unit
+        total = plan.paid * self.encoding.bundle_unit
         parts: list[Solution | None] = []
         for tree in self.trees:
             count = split.counts[tree.root]
@@ -330,13 +333,16 @@ class Search:
                 best = (solution.value, solution)
         return best
 
-    def _score(self, split: Split, diameter: int, settled: Settled) -> list:
-        knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.group_of, self.tables.chain,
+    def _score(self, split: Split, diameter: int, settled: Settled) -> Score:
+        knapsack = Knapsack(self.classes, split.plan.limits.fewest, split.plan.bundle_of, self.tables.chain,
                             self.encoding, self.meter)
         counts: dict[int, int] = {}
         for part in settled.parts:
             if part is not None:
                 counts.update(knapsack.counts(part))
-        _, distance_sum, _ = self.encoding.decode(settled.value)
+        distance_sum = self.encoding.decode(settled.value).distance_sum
         self.meter.charge(self.size)
-        return [*split.prefix, diameter, distance_sum, tuple(sorted(self.classes.chosen(counts)))]
+        return Score(unknown_numa=self.numa.unknown, numa_nodes=self.numa.nodes, cards=split.score.cards,
+                     unreadable_paths=split.score.unreadable_paths, cross_root_pairs=split.score.cross_root_pairs,
+                     max_distance=diameter, distance_sum=distance_sum,
+                     device_ids=tuple(sorted(self.classes.chosen(counts))))

@@ -23,11 +23,20 @@ from resource_worker.placement.geometry import RootTree
 from resource_worker.placement.state import RequestClasses, WorkMeter
 
 
+class Decoded(NamedTuple):
+    """What one encoded knapsack value holds."""
+
+    bundles: int
+    distance_sum: int
+    id_weight: int
+
+
 class Encoding(NamedTuple):
-    """(groups, distance sum, ID weight) as groups * group_unit + sum * sum_unit - weight."""
+    """A `Decoded` as one integer, bundles * bundle_unit + distance_sum * sum_unit - id_weight: lexicographic
+    order survives addition, so the tree program adds and compares plain integers."""
 
     sum_unit: int
-    group_unit: int
+    bundle_unit: int
 
     @classmethod
     def for_pool(cls, pool_size: int, deepest: int) -> Encoding:
@@ -35,12 +44,15 @@ class Encoding(NamedTuple):
         largest_sum = pool_size * pool_size * max(deepest, 1)
         return cls(sum_unit, sum_unit << largest_sum.bit_length())
 
-    def decode(self, value: int) -> tuple[int, int, int]:
-        """(groups, distance sum, ID weight) of an encoded value."""
+    def decode(self, value: int) -> Decoded:
         units = -(-value // self.sum_unit)
         weight = units * self.sum_unit - value
-        groups, distance_sum = divmod(units, self.group_unit // self.sum_unit)
-        return groups, distance_sum, weight
+        bundles, distance_sum = divmod(units, self.bundle_unit // self.sum_unit)
+        return Decoded(bundles, distance_sum, weight)
+
+
+_NOT_A_CLASS = -1
+"""`_Part.cls` of a part made of other parts."""
 
 
 class _Part:
@@ -48,7 +60,7 @@ class _Part:
 
     __slots__ = ("cls", "edges", "forced", "left", "low", "right", "supply", "values")
 
-    def __init__(self, low: int, values: list[int], supply: int, forced: int, cls: int = -1,
+    def __init__(self, low: int, values: list[int], supply: int, forced: int, cls: int = _NOT_A_CLASS,
                  left: _Part | None = None, right: _Part | None = None) -> None:
         self.low = low
         self.values = values
@@ -73,8 +85,9 @@ class Solution(NamedTuple):
     devices: int
 
 
-class _Ball(NamedTuple):
-    """What the whole selection holds, for clipping each part to the counts that can still complete it."""
+class _Whole(NamedTuple):
+    """The selection one `solve` makes as a whole: its devices, and the most and fewest its classes give.
+    Each part is clipped to the counts that can still complete it."""
 
     devices: int
     supply: int
@@ -87,7 +100,7 @@ class Knapsack:
 
     classes: RequestClasses
     fewest: Sequence[int]
-    group_of: Sequence[int]
+    bundle_of: Sequence[int]
     chain: Sequence[int]
     encoding: Encoding
     meter: WorkMeter
@@ -95,18 +108,18 @@ class Knapsack:
     @property
     def _unreached(self) -> int:
         """Above every value: the start of every minimum."""
-        return self.encoding.group_unit << 16
+        return self.encoding.bundle_unit << 16
 
     def solve(self, tree: RootTree | None, most: dict[int, int], count: int) -> Solution | None:
         """The best `count` devices of the classes in `most` (class: the most it may give), all under `tree`,
         or (tree None) with no PCI distances between them."""
-        ball = _Ball(count, sum(most.values()), sum(self.fewest[c] for c in most))
+        whole = _Whole(count, sum(most.values()), sum(self.fewest[c] for c in most))
         self.meter.charge(len(most) + (0 if tree is None else len(tree.postorder)))
-        if not ball.forced <= count <= ball.supply:
+        if not whole.forced <= count <= whole.supply:
             return None
         top: _Part | None
         if tree is None:
-            top = self._fold(list(most), [], most, ball)
+            top = self._fold(list(most), [], most, whole)
         else:
             parts: dict[int, _Part] = {}
             for node in tree.postorder:
@@ -116,7 +129,7 @@ class Knapsack:
                     # Nothing joins here: the edge up is paid for when something does.
                     joined = below[0]
                 elif below or hanging:
-                    joined = self._fold(hanging, below, most, ball)
+                    joined = self._fold(hanging, below, most, whole)
                 else:
                     continue
                 joined.edges += 1
@@ -150,50 +163,51 @@ class Knapsack:
                 stack.append((right, count - taken))
         return counts
 
-    def _span(self, supply: int, forced: int, ball: _Ball) -> tuple[int, int]:
-        """The counts some devices can give in a selection of the ball's count: what the rest must and can add."""
-        return max(forced, ball.devices - (ball.supply - supply)), min(supply, ball.devices - (ball.forced - forced))
+    def _span(self, supply: int, forced: int, whole: _Whole) -> tuple[int, int]:
+        """The counts some devices can give in the whole selection: what the rest must and can add."""
+        return (max(forced, whole.devices - (whole.supply - supply)),
+                min(supply, whole.devices - (whole.forced - forced)))
 
-    def _fold(self, hanging: list[int], below: list[_Part], most: dict[int, int], ball: _Ball) -> _Part:
+    def _fold(self, hanging: list[int], below: list[_Part], most: dict[int, int], whole: _Whole) -> _Part:
         """One tree node: the classes hanging from it (each card counted once) and what its children hold,
         each child paying for its edge up to this node. Something hangs from it or lies below it."""
         part: _Part | None = None
         cards: dict[int, _Part] = {}
         for c in hanging:
-            leaf = self._leaf(c, most[c], ball)
-            group = self.group_of[c]
-            if group > 0:
-                cards[group] = self._merge(cards[group], leaf, ball) if group in cards else leaf
+            leaf = self._leaf(c, most[c], whole)
+            bundle = self.bundle_of[c]
+            if bundle > SOLO:   # a card's bit
+                cards[bundle] = self._merge(cards[bundle], leaf, whole) if bundle in cards else leaf
             else:
-                part = leaf if part is None else self._merge(part, leaf, ball)
-        group_unit = self.encoding.group_unit
+                part = leaf if part is None else self._merge(part, leaf, whole)
+        bundle_unit = self.encoding.bundle_unit
         for card in cards.values():
             self.meter.charge(len(card.values))
-            charged = [value if card.low + i == 0 else value + group_unit for i, value in enumerate(card.values)]
-            part = self._add(part, self._same(card, charged), ball)
+            charged = [value if card.low + i == 0 else value + bundle_unit for i, value in enumerate(card.values)]
+            part = self._add(part, self._same(card, charged), whole)
         for child in below:
-            part = self._add(part, self._edged(child, ball), ball)
+            part = self._add(part, self._edged(child, whole), whole)
         assert part is not None, "a tree node with nothing below it"
         return part
 
-    def _edged(self, part: _Part, ball: _Ball) -> _Part:
+    def _edged(self, part: _Part, whole: _Whole) -> _Part:
         """The part with the edges above it paid for: n devices below an edge add n * (count - n)."""
         self.meter.charge(len(part.values))
         unit = part.edges * self.encoding.sum_unit
-        count = ball.devices
+        count = whole.devices
         return self._same(part, [value + n * (count - n) * unit for n, value in enumerate(part.values, part.low)])
 
-    def _add(self, part: _Part | None, other: _Part, ball: _Ball) -> _Part:
-        return other if part is None else self._merge(part, other, ball)
+    def _add(self, part: _Part | None, other: _Part, whole: _Whole) -> _Part:
+        return other if part is None else self._merge(part, other, whole)
 
-    def _leaf(self, cls: int, most: int, ball: _Ball) -> _Part:
-        low, high = self._span(most, self.fewest[cls], ball)
+    def _leaf(self, cls: int, most: int, whole: _Whole) -> _Part:
+        low, high = self._span(most, self.fewest[cls], whole)
         self.meter.charge(2 + max(0, high - low))
         mandatory = self.classes.mandatory[cls]
         weights = self.classes.free_weights[cls]
-        per_device = self.chain[cls] * (ball.devices - 1) * self.encoding.sum_unit
-        if self.group_of[cls] == SOLO:
-            per_device += self.encoding.group_unit
+        per_device = self.chain[cls] * (whole.devices - 1) * self.encoding.sum_unit
+        if self.bundle_of[cls] == SOLO:
+            per_device += self.encoding.bundle_unit
         return _Part(low, [n * per_device - weights[n - mandatory] for n in range(low, high + 1)], most,
                      self.fewest[cls], cls=cls)
 
@@ -201,11 +215,11 @@ class Knapsack:
     def _same(inner: _Part, values: list[int]) -> _Part:
         return _Part(inner.low, values, inner.supply, inner.forced, left=inner)
 
-    def _merge(self, left: _Part, right: _Part, ball: _Ball) -> _Part:
+    def _merge(self, left: _Part, right: _Part, whole: _Whole) -> _Part:
         supply, forced = left.supply + right.supply, left.forced + right.forced
         first, second = left.values, right.values
         base = left.low + right.low
-        low, high = self._span(supply, forced, ball)
+        low, high = self._span(supply, forced, whole)
         # The parts' own counts are contiguous, so every count between these is reached.
         low, high = max(low, base), min(high, base + len(first) + len(second) - 2)
         # Pairs (i, j) whose counts add up to a count kept: low <= base + i + j <= high.

@@ -4,17 +4,20 @@ None of them is a bound: each claims the exact optimum of what it names, and the
 their word, so an error here would lose optima.
 """
 
+import ast
 import itertools
+import pathlib
 import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import resource_worker.placement
 from resource_worker.placement import score
 from resource_worker.placement.balls import Target, feasible_balls
-from resource_worker.placement.counting import FREE, SOLO, Limits, fewest_groups, groups_by_count, numa_options
+from resource_worker.placement.counting import FREE, SOLO, Limits, bundles_by_count, fewest_bundles, numa_options
 from resource_worker.placement.geometry import forest
-from resource_worker.placement.pool import PoolTables
+from resource_worker.placement.pool import NO_CARD, PoolTables
 from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter
 from resource_worker.placement.tree_dp import Encoding, Knapsack
@@ -24,10 +27,10 @@ ENOUGH_WORK = 10 ** 9
 _SLOW = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _groups(group_of, counts):
+def _bundles(bundle_of, counts):
     """Cards a count vector uses: each card once, each device of a class with no card once; paid cards none."""
-    cards = {group for group, n in zip(group_of, counts, strict=True) if n and group > 0}
-    return len(cards) + sum(n for group, n in zip(group_of, counts, strict=True) if group == SOLO)
+    cards = {bundle for bundle, n in zip(bundle_of, counts, strict=True) if n and bundle > SOLO}
+    return len(cards) + sum(n for bundle, n in zip(bundle_of, counts, strict=True) if bundle == SOLO)
 
 
 def _vectors(limits, target=None):
@@ -35,21 +38,21 @@ def _vectors(limits, target=None):
     return [v for v in vectors if target is None or sum(v) == target]
 
 
-# (card: a bit, 0 for none, -1 paid for), fewest, extra room
+# (bundle: a card's bit, SOLO for none, FREE paid for), fewest, extra room
 _CLASSES = st.lists(st.tuples(st.sampled_from([FREE, SOLO, SOLO, 1, 2, 4]), st.integers(0, 2), st.integers(0, 3)),
                     min_size=1, max_size=5)
 
 
 @settings(max_examples=300, deadline=None)
 @given(_CLASSES)
-def test_fewest_groups_is_the_least_over_every_selection(classes):
-    group_of = [group for group, _, _ in classes]
+def test_fewest_bundles_is_the_least_over_every_selection(classes):
+    bundle_of = [bundle for bundle, _, _ in classes]
     limits = Limits(tuple(low for _, low, _ in classes), tuple(low + extra for _, low, extra in classes))
-    by_count = groups_by_count(range(len(classes)), group_of, limits)
+    by_count = bundles_by_count(range(len(classes)), bundle_of, limits)
     for target in range(sum(limits.most) + 2):
         vectors = _vectors(limits, target)
-        expected = min((_groups(group_of, v) for v in vectors), default=None)
-        assert fewest_groups(range(len(classes)), group_of, limits, target) == expected
+        expected = min((_bundles(bundle_of, v) for v in vectors), default=None)
+        assert fewest_bundles(range(len(classes)), bundle_of, limits, target) == expected
         assert (by_count[target] if target < len(by_count) else None) == expected
 
 
@@ -90,10 +93,10 @@ def _root_problems(instance):
     hangs: dict[int, set] = {}
     for c, card in enumerate(tables.card_bit):
         hangs.setdefault(card, set()).add((tables.root[c], tables.attach[c]))
-    group_of = [SOLO if not card else card if len(hangs[card]) == 1 else FREE for card in tables.card_bit]
+    bundle_of = [SOLO if card == NO_CARD else card if len(hangs[card]) == 1 else FREE for card in tables.card_bit]
     limits = Limits(tuple(classes.mandatory), tuple(tables.size))
     for tree in forest(tables):
-        yield pool, tables, classes, tree, group_of, limits
+        yield pool, tables, classes, tree, bundle_of, limits
 
 
 def _class_distance(tables, a, b, same):
@@ -116,16 +119,16 @@ def _distances(tables, counts):
 @_SLOW
 @given(_instances())
 def test_least_diameter_and_widest_balls_match_every_selection(instance):
-    for _, tables, _, tree, group_of, limits in _root_problems(instance):
+    for _, tables, _, tree, bundle_of, limits in _root_problems(instance):
         local = Limits(tuple(low if c in tree.index else 0 for c, low in enumerate(limits.fewest)),
                        tuple(high if c in tree.index else 0 for c, high in enumerate(limits.most)))
         forced = sum(local.fewest)
         for count in range(max(2, forced), sum(local.most) + 1):
-            groups = fewest_groups(tree.classes, group_of, local, count)
+            bundles = fewest_bundles(tree.classes, bundle_of, local, count)
             vectors = [dict(zip(tree.classes, (v[c] for c in tree.classes), strict=True))
-                       for v in _vectors(local, count) if _groups(group_of, v) == groups]
+                       for v in _vectors(local, count) if _bundles(bundle_of, v) == bundles]
             diameters = {tuple(v.items()): _distances(tables, v)[0] for v in vectors}
-            found = feasible_balls(tree, local, group_of, Target(count, groups, forced), WorkMeter(ENOUGH_WORK))
+            found = feasible_balls(tree, local, bundle_of, Target(count, bundles, forced), WorkMeter(ENOUGH_WORK))
             assert found.diameter == min(diameters.values())
             for key, diameter in diameters.items():
                 if diameter <= found.diameter:
@@ -135,9 +138,9 @@ def test_least_diameter_and_widest_balls_match_every_selection(instance):
 @_SLOW
 @given(_instances())
 def test_the_tree_knapsack_finds_the_least_cards_distance_sum_and_ids(instance):
-    for pool, tables, classes, tree, group_of, limits in _root_problems(instance):
+    for pool, tables, classes, tree, bundle_of, limits in _root_problems(instance):
         encoding = Encoding.for_pool(sum(tables.size), max(tables.depth))
-        knapsack = Knapsack(classes, limits.fewest, group_of, tables.chain, encoding, WorkMeter(ENOUGH_WORK))
+        knapsack = Knapsack(classes, limits.fewest, bundle_of, tables.chain, encoding, WorkMeter(ENOUGH_WORK))
         most = {c: tables.size[c] for c in tree.classes}
         local = Limits(tuple(limits.fewest[c] if c in most else 0 for c in range(len(tables.size))),
                        tuple(most.get(c, 0) for c in range(len(tables.size))))
@@ -147,17 +150,17 @@ def test_the_tree_knapsack_finds_the_least_cards_distance_sum_and_ids(instance):
                 counts = {c: n for c, n in enumerate(vector) if n}
                 chosen = classes.chosen(counts)
                 # Smaller sorted IDs first: the knapsack's ID weight orders them the same way.
-                key = (_groups(group_of, vector), _distances(tables, counts)[1], sorted(chosen))
+                key = (_bundles(bundle_of, vector), _distances(tables, counts)[1], sorted(chosen))
                 if best is None or key < best:
                     best = key
             solution = knapsack.solve(tree, most, count)
             if best is None:
                 assert solution is None
                 continue
-            groups, distance_sum, _ = encoding.decode(solution.value)
-            assert (groups, distance_sum) == best[:2]
+            decoded = encoding.decode(solution.value)
+            assert (decoded.bundles, decoded.distance_sum) == best[:2]
             assert sorted(classes.chosen(knapsack.counts(solution))) == best[2]
-            assert score(best[2], pool).distance_sum == distance_sum
+            assert score(best[2], pool).distance_sum == decoded.distance_sum
 
 
 def test_least_shares_are_every_share_of_the_least_sum_as_brute_force_finds_them():
@@ -174,3 +177,12 @@ def test_least_shares_are_every_share_of_the_least_sum_as_brute_force_finds_them
         expected = sorted(share for share, value in sums.items() if value == least)
         found = least_shares(values, total, WorkMeter(ENOUGH_WORK))
         assert sorted(found) == expected and len(found) == len(set(found)), (values, total)
+
+
+def test_no_function_of_placement_runs_over_sixty_lines():
+    # The search is read function by function: each keeps to one step of it.
+    long = [(path.name, node.name, node.end_lineno - node.lineno + 1)
+            for path in sorted(pathlib.Path(resource_worker.placement.__file__).parent.glob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60]
+    assert not long

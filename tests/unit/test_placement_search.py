@@ -16,6 +16,7 @@ from resource_worker.placement.counting import numa_options
 from resource_worker.placement.geometry import forest
 from resource_worker.placement.incumbent import first_selection
 from resource_worker.placement.pool import tables_for
+from resource_worker.placement.score import Bound, Score, SplitScore
 from resource_worker.placement.state import RequestClasses
 from resource_worker.servicer import DevicePluginServicer
 from shared.deviceplugin.v1beta1 import api_pb2
@@ -87,6 +88,13 @@ def test_irregular_forests_get_valid_deterministic_answers(seed):
         assert place(rebuilt, ids[::-1], mandatory[::-1], size) == first
 
 
+def test_the_partial_scores_name_a_run_of_the_score_s_components_in_its_order():
+    for partial in (SplitScore, Bound):
+        positions = [Score._fields.index(name) for name in partial._fields]
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+    assert Bound(0, 1, cards=2).settled() == (0, 1, 2)
+
+
 @pytest.mark.parametrize("budget", [1, 30, 300, 3000])
 def test_a_cut_search_stops_at_its_budget(budget):
     node = irregular_node(3, 64)
@@ -108,8 +116,8 @@ def test_a_cut_search_still_answers_at_least_as_well_as_its_first_answer(budget)
         tables = tables_for(tuple(node[i] for i in ids))
         classes = RequestClasses(tables, set(mandatory))
         first = first_selection(tables, classes, size, numa_options(tables, classes.mandatory, size).options)
-        assert first == list(score(first[-1], node))
-        assert list(answer.score) <= first
+        assert first == score(first.device_ids, node)
+        assert answer.score <= first
         if not answer.proven_optimal:
             cut += 1
             shortfall = answer.shortfall()
@@ -118,7 +126,8 @@ def test_a_cut_search_still_answers_at_least_as_well_as_its_first_answer(budget)
             # What the cut search had settled is the optimum's: the full search agrees.
             full = place(node, ids, mandatory, size)
             assert full.proven_optimal
-            assert list(full.score)[:len(answer.open_bound)] == list(answer.open_bound)
+            settled = answer.open_bound.settled()
+            assert full.score[:len(settled)] == settled
         else:
             assert answer.shortfall() is None
     if budget == 1:
@@ -146,7 +155,8 @@ def _broken_search(monkeypatch, wrong):
 
     def broken(self, incumbent):
         outcome = run(self, incumbent)
-        return dataclasses.replace(outcome, selection=tuple(wrong(list(outcome.selection))))
+        return dataclasses.replace(outcome, score=outcome.score._replace(
+            device_ids=tuple(wrong(list(outcome.score.device_ids)))))
     monkeypatch.setattr(placement_api.Search, "run", broken)
 
 
