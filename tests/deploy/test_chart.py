@@ -427,6 +427,8 @@ def install_notes(*sets: str) -> str:
 ])
 def test_notes_say_what_cdi_needs_and_what_the_setting_does(sets, says):
     notes = install_notes(*sets)
+    # A paragraph of its own, whatever the notes before it say.
+    assert "\n\nCDI annotation: " in notes
     assert "Runtimes with CDI on\n(containerd 2.0 and later, CRI-O, both by default) refuse every NPU container" \
         in notes
     assert says in notes
