@@ -135,6 +135,19 @@ def test_stop_removes_the_file_and_a_missing_file_is_no_error(tmp_path):
     assert parse(path.read_text())[1] == LABELS
 
 
+def test_a_temp_file_a_killed_keeper_left_is_replaced_by_the_next_write_and_removed_at_stop(tmp_path):
+    path = tmp_path / "rbln-features"
+    leftover = feature_file.temp_path(path)
+    assert leftover.name.startswith(".")  # NFD's local source skips it
+    leftover.write_text("rebellions.ai/npu.count=")  # killed halfway through a write
+    keeper = FeatureFile(path, scan_interval=5.0)
+    keeper.update(LABELS)
+    assert os.listdir(tmp_path) == ["rbln-features"] and parse(path.read_text())[1] == LABELS
+    leftover.write_text("rebellions.ai/npu.count=")  # another keeper, killed after this one's last write
+    keeper.remove()
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_missing_directory_is_reported_once_and_the_file_appears_when_it_exists(tmp_path, logs):
     path, clock = tmp_path / "features.d" / "rbln-features", Clock()
     keeper = FeatureFile(path, scan_interval=5.0, wall_clock=clock)
