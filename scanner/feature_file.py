@@ -56,10 +56,16 @@ def renewal_margin(lifetime: float, scan_interval: float) -> float:
     return max(lifetime / 2, 2 * scan_interval)
 
 
+def temp_path(path: pathlib.Path) -> pathlib.Path:
+    """Where the next text of `path` is written first: a dot name, which NFD's local source skips, in the
+    same directory (one filesystem). One name per file, so a temp file a killed writer left is replaced by
+    the next write and removed at stop, never piling up in NFD's directory."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def write_atomically(path: pathlib.Path, text: str) -> None:
-    """Replace `path` with `text` in one step: NFD reads the old file or the new one, never a part. The temp
-    file starts with a dot, which NFD's local source skips, and sits in the same directory (one filesystem)."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Replace `path` with `text` in one step: NFD reads the old file or the new one, never a part."""
+    temp = temp_path(path)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         try:
@@ -136,8 +142,9 @@ class FeatureFile:
         self._identity = _identity(self.path)
 
     def remove(self) -> None:
-        """At stop: the labels go with the stack."""
+        """At stop: the labels go with the stack, and so does a temp file a killed earlier keeper left."""
         try:
+            temp_path(self.path).unlink(missing_ok=True)
             self.path.unlink(missing_ok=True)
         except OSError as exc:
             logger.warning("Cannot remove the node feature file; its labels expire on their own",

@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-from loguru import logger
 
 from scanner.cdi_watch import CONSEQUENCES, CdiWatch
 from shared import cdi_spec_dirs
@@ -200,23 +199,14 @@ def test_yaml_is_imported_only_when_a_spec_is_not_json(tmp_path):
     assert subprocess.run(run, capture_output=True, text=True, check=True).stdout.strip() == "True"
 
 
-@pytest.fixture
-def records():
-    captured: list[dict] = []
-    sink = logger.add(lambda m: captured.append({"level": m.record["level"].name, "msg": m.record["message"],
-                                                 **m.record["extra"]}), level="DEBUG")
-    yield captured
-    logger.remove(sink)
-
-
 @pytest.mark.parametrize("policy", list(CdiAnnotation))
-def test_the_scanner_warns_at_start_and_on_each_change_only(tmp_path, records, policy):
+def test_the_scanner_warns_at_start_and_on_each_change_only(tmp_path, logs, policy):
     root, static = tmp_path / "cdi", tmp_path / "etc-cdi"
     root.mkdir()
     watch = CdiWatch([root, static], policy)
     assert not watch.check().resolvable
     assert not watch.check().resolvable
-    [warning] = [r for r in records if r["msg"] == "CDI device unresolvable"]
+    [warning] = [r for r in logs if r["msg"] == "CDI device unresolvable"]
     assert warning["level"] == "WARNING" and warning["cdiDevice"] == RUNTIME_DEVICE
     assert warning["specDirs"] == [str(root), str(static)] and warning["consequence"] == CONSEQUENCES[policy]
     (root / "rbln.yaml").write_text(TOOLKIT_SPEC)
@@ -227,17 +217,17 @@ def test_the_scanner_warns_at_start_and_on_each_change_only(tmp_path, records, p
     watch.check()
     (root / "rbln.yaml").unlink()
     assert not watch.check().resolvable
-    assert [(r["level"], r["msg"]) for r in records] == [
+    assert [(r["level"], r["msg"]) for r in logs] == [
         ("WARNING", "CDI device unresolvable"), ("INFO", "CDI device resolvable"),
         ("WARNING", "CDI spec refused; a runtime ignores it"), ("WARNING", "CDI device unresolvable")]
 
 
-def test_a_conflict_is_named_in_the_warning_and_the_status(tmp_path, records):
+def test_a_conflict_is_named_in_the_warning_and_the_status(tmp_path, logs):
     for name in ("a.yaml", "b.yaml"):
         (tmp_path / name).write_text(TOOLKIT_SPEC)
     state = CdiWatch([tmp_path], CdiAnnotation.WHEN_RESOLVABLE).check()
     assert not state.resolvable and state.status()["conflict"] == [str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")]
-    assert "specs of one directory both define it" in records[-1]["err"]
+    assert "specs of one directory both define it" in logs[-1]["err"]
 
 
 @pytest.mark.parametrize("policy,resolvable,annotated", [

@@ -135,6 +135,19 @@ def test_stop_removes_the_file_and_a_missing_file_is_no_error(tmp_path):
     assert parse(path.read_text())[1] == LABELS
 
 
+def test_a_temp_file_a_killed_keeper_left_is_replaced_by_the_next_write_and_removed_at_stop(tmp_path):
+    path = tmp_path / "rbln-features"
+    leftover = feature_file.temp_path(path)
+    assert leftover.name.startswith(".")  # NFD's local source skips it
+    leftover.write_text("rebellions.ai/npu.count=")  # killed halfway through a write
+    keeper = FeatureFile(path, scan_interval=5.0)
+    keeper.update(LABELS)
+    assert os.listdir(tmp_path) == ["rbln-features"] and parse(path.read_text())[1] == LABELS
+    leftover.write_text("rebellions.ai/npu.count=")  # another keeper, killed after this one's last write
+    keeper.remove()
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_missing_directory_is_reported_once_and_the_file_appears_when_it_exists(tmp_path, logs):
     path, clock = tmp_path / "features.d" / "rbln-features", Clock()
     keeper = FeatureFile(path, scan_interval=5.0, wall_clock=clock)
@@ -151,6 +164,17 @@ def test_a_missing_directory_is_reported_once_and_the_file_appears_when_it_exist
     assert os.listdir(path.parent) == ["rbln-features"]
 
 
+def _errors_of_three_scans(path, labels: dict[str, str] = LABELS) -> int:
+    """In a child process (it replaces the logger's sinks): the errors logged by three scans' updates."""
+    errors: list[str] = []
+    logger.remove()
+    logger.add(lambda m: errors.append(m), level="ERROR", format="{message}")
+    keeper = FeatureFile(path, scan_interval=5.0)
+    for _ in range(3):
+        keeper.update(labels)
+    return len(errors)
+
+
 def _write_with_file_size_limit(path, limit: int, labels: dict[str, str]) -> int:
     """In a forked child whose files cannot grow past `limit` bytes (what a full disk does to a write):
     the number of errors logged, as the exit status."""
@@ -160,13 +184,7 @@ def _write_with_file_size_limit(path, limit: int, labels: dict[str, str]) -> int
         try:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-            errors: list[str] = []
-            logger.remove()
-            logger.add(lambda m: errors.append(m), level="ERROR", format="{message}")
-            keeper = FeatureFile(path, scan_interval=5.0)
-            for _ in range(3):
-                keeper.update(labels)
-            code = len(errors)
+            code = _errors_of_three_scans(path, labels)
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -183,14 +201,6 @@ def test_a_full_disk_keeps_the_old_file_whole_leaves_no_temp_file_and_is_reporte
     assert os.listdir(tmp_path) == ["rbln-features"]
 
 
-def _errors_of_three_scans(path) -> int:
-    errors: list[str] = []
-    logger.remove()
-    logger.add(lambda m: errors.append(m), level="ERROR", format="{message}")
-    keeper = FeatureFile(path, scan_interval=5.0)
-    for _ in range(3):
-        keeper.update(LABELS)
-    return len(errors)
 
 
 def test_a_read_only_directory_is_reported_once_and_keeps_the_old_file(short_tmp):
