@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from kubelet_watchdog.health_server import HealthServer
+from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
 from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
@@ -35,7 +35,7 @@ class HealthEndpoint:
     """The health service, if enabled; a port that cannot be bound now is tried again at every check.
     A state is handed to the service only when it differs from the one it has."""
 
-    def __init__(self, port: int, make_server: Callable[[int], HealthServer] = HealthServer):
+    def __init__(self, port: int, make_server: Callable[[int], HealthServer]):
         self._port = port
         self._make_server = make_server
         self._server: HealthServer | None = None
@@ -56,7 +56,7 @@ class HealthEndpoint:
         """The server, listening, or None when the port cannot be bound now."""
         try:
             self._server = self._make_server(self._port)
-        except RuntimeError as exc:  # grpc's "Failed to bind"
+        except OSError as exc:
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
@@ -159,7 +159,8 @@ def main() -> None:
     # Imported once recorder_for has told prometheus_client where the value files are.
     from kubelet_watchdog.metrics_server import MetricsEndpoint
 
-    health = HealthEndpoint(settings.healthcheck_port)
+    backend = settings.run_dir / HEALTH_BACKEND_SOCKET
+    health = HealthEndpoint(settings.healthcheck_port, lambda port: HealthServer(port, backend))
     metrics = MetricsEndpoint(settings.metrics_port, metrics_dir(settings.run_dir))
     try:
         Watchdog(settings, connect(settings.run_dir), health, metrics, recorder).run(shutdown)
