@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import gzip
 import http
 import pathlib
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from loguru import logger
 from prometheus_client.core import GaugeMetricFamily
@@ -46,6 +48,9 @@ from shared.metrics import PATH, STATE_FAMILIES
 CONNECTION_DEADLINE = 5.0
 # Connections held at once (each one past it closes the least recently active).
 MAX_CONNECTIONS = 1024
+# A page answers every scrape in its format for this long after its collection started: Prometheus
+# scrapes every 15 s or more, and the state metrics change at the watchdog's checks, every 2 s.
+PAGE_REUSE_SECONDS = 1.0
 # A request line and its headers; Prometheus sends about 300 bytes.
 MAX_REQUEST_BYTES = 8 * 1024
 # zlib's default: most of level 9's gain on a metrics page at a fraction of its CPU.
@@ -142,6 +147,13 @@ def _error(status: int, message: str) -> bytes:
                      f"{message}\n".encode())
 
 
+@dataclasses.dataclass(frozen=True)
+class _Page:
+    answer: bytes
+    reusable: bool
+    """False for a failure, which the next scrape tries again."""
+
+
 class MetricsServer:
     """Serves `registry` on `port` (0: a free port, see `.port`) from the watchdog's serving loop."""
 
@@ -155,22 +167,37 @@ class MetricsServer:
         self._socket = listening_socket(port)
         self.port = self._socket.getsockname()[1]
         self._listener: asyncio.Server | None = None
+        # The last page of each format (content type, gzipped), when its collection started; one entry per
+        # format the encoders know, whatever clients ask. Only touched on the loop's thread.
+        self._pages: dict[tuple[str, bool], tuple[float, asyncio.Future[_Page]]] = {}
 
-    def _body(self, accept: str, accept_encoding: str) -> bytes:
+    def _page(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzipped: bool) -> _Page:
         try:
-            encoder, content_type = choose_encoder(accept)
             body = encoder(self._registry)
         except Exception as exc:  # a scrape must never take the watchdog down
             logger.opt(exception=True).warning("Metrics collection failed", err=f"{type(exc).__name__}: {exc}")
-            return _error(500, "metrics collection failed")
+            return _Page(_error(500, "metrics collection failed"), reusable=False)
         headers = [("Content-Type", content_type)]
-        if gzip_accepted(accept_encoding):
+        if gzipped:
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             headers.append(("Content-Encoding", "gzip"))
-        return _response(200, "OK", headers, body)
+        return _Page(_response(200, "OK", headers, body), reusable=True)
 
     async def render(self, accept: str, accept_encoding: str) -> bytes:
-        return await asyncio.get_running_loop().run_in_executor(self._collector, self._body, accept, accept_encoding)
+        """The answer to a scrape: a page collected for it, or one collected less than PAGE_REUSE_SECONDS ago
+        (or being collected) in the same format, so that clients scraping back to back cost one collection
+        a second between them."""
+        encoder, content_type = choose_encoder(accept)
+        gzipped = gzip_accepted(accept_encoding)
+        key = (content_type, gzipped)
+        now = time.monotonic()
+        cached = self._pages.get(key)
+        if cached is None or (cached[1].done() and (now - cached[0] >= PAGE_REUSE_SECONDS
+                                                    or not cached[1].result().reusable)):
+            future = asyncio.get_running_loop().run_in_executor(self._collector, self._page, encoder, content_type,
+                                                                gzipped)
+            cached = self._pages[key] = (now, future)
+        return (await asyncio.shield(cached[1])).answer
 
     async def _start(self) -> None:
         self._listener = await asyncio.get_running_loop().create_server(lambda: _Request(self), sock=self._socket)

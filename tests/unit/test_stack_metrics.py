@@ -176,6 +176,30 @@ def test_a_failing_collection_is_a_500_and_the_server_goes_on():
         server.stop()
 
 
+def test_scrapes_back_to_back_share_one_collection_a_second_in_each_format(monkeypatch):
+    class Counting:
+        def __init__(self):
+            self.collections = 0
+
+        def collect(self):
+            self.collections += 1
+            return []
+
+    counting = Counting()
+    server = serve(counting)
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        for _ in range(5):
+            get(url).read()
+        get(url, **{"Accept-Encoding": "gzip"}).read()
+        assert counting.collections == 2
+        monkeypatch.setattr("kubelet_watchdog.metrics_server.PAGE_REUSE_SECONDS", 0.0)
+        get(url).read()
+        assert counting.collections == 3
+    finally:
+        server.stop()
+
+
 def test_silent_and_dripping_clients_delay_no_scrape_and_are_cut_off_at_their_deadline(monkeypatch):
     monkeypatch.setattr("kubelet_watchdog.metrics_server.CONNECTION_DEADLINE", 0.5)
     server = serve()
