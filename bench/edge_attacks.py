@@ -5,7 +5,8 @@
 The stack runs on the 64-device node with the health service and /metrics on (free ports). For each
 attack (tests/hostile_tcp.py, tests/hostile_http2.py), run for 30 s (8 s quick) against the running
 stack, a kubelet-like probe (a new connection, one `Check` of `liveness` with a 1 s deadline) is made
-every 100 ms and a well-behaved scrape every 500 ms (5 s timeout):
+every 100 ms and a well-behaved scrape every 500 ms (5 s timeout). The attack runs in a process of its
+own, as a neighbour's would:
 
 - `edge/none`: no attack, for comparison.
 - `edge/idle-tcp`: 1,000 TCP connections to the health port that never send a byte (200 quick),
@@ -23,12 +24,15 @@ connections opened, reopened ones included). Goal: probe p99 <= 50 ms, every pro
 from __future__ import annotations
 
 import contextlib
+import functools
+import multiprocessing
 import pathlib
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
@@ -78,16 +82,47 @@ def _every(interval: float, seconds: float, action: Callable[[], object]) -> lis
     return results
 
 
-def measure(name: str, attack, seconds: float, health_port: int, url: str) -> dict:
+def _attack_in_child(make_attack: Callable[[], Any], stop, reports) -> None:
+    with make_attack() as attack:
+        stop.wait()
+        reports.send(getattr(attack, "snapshot", lambda: None)())
+
+
+@contextlib.contextmanager
+def attacking(make_attack: Callable[[], Any]) -> Iterator[Callable[[], Any]]:
+    """The attack `make_attack` makes, run in a process of its own (its threads must not take this
+    process's interpreter from the probes) until the end of the block; yields what returns its report."""
+    # Spawned, not forked: this process has gRPC's threads running.
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_attack_in_child, args=(make_attack, stop, sender), daemon=True)
+    child.start()
+    report: list[Any] = []
+
+    def finish() -> Any:
+        stop.set()
+        report.append(receiver.recv() if receiver.poll(20) else None)
+        return report[0]
+
+    try:
+        yield finish
+    finally:
+        if not report:
+            finish()
+        child.join(20)
+
+
+def measure(name: str, make_attack: Callable[[], Any], seconds: float, health_port: int, url: str) -> dict:
     scrapes: list[bool] = []
     scraper = threading.Thread(target=lambda: scrapes.extend(_every(SCRAPE_EVERY, seconds, lambda: scrape(url))),
                                daemon=True)
-    with attack:
+    with attacking(make_attack) as finish:
         time.sleep(1.0)  # the attack in place before the first probe
         scraper.start()
         probes = _every(PROBE_EVERY, seconds, lambda: probe(health_port))
         scraper.join()
-        report = getattr(attack, "snapshot", lambda: None)()
+        report = finish()
     latencies = [ms for ms, _ in probes]
     spread = common.spread(latencies)
     ok = sum(1 for _, answered in probes if answered)
@@ -111,14 +146,15 @@ def run(quick: bool) -> list[dict]:
         health_port = stack.wait_for_record("Health service listening")[0]["port"]
         metrics_port = stack.wait_for_record("Metrics endpoint listening")[0]["port"]
         url = f"http://127.0.0.1:{metrics_port}{PATH}"
-        attacks = (("none", contextlib.nullcontext()),
-                   ("idle-tcp", IdleConnections(health_port, idle)),
-                   ("h2-streams", ZeroWindowAttack(health_port, connections=50,
-                                                   streams=(CHECK_WITHOUT_REQUEST,) * 4)),
-                   ("slowloris", Slowloris(metrics_port, 50)),
-                   ("scrape-flood", ScrapeFlood(url, 4)))
-        for name, attack in attacks:
-            rows.append(measure(name, attack, seconds, health_port, url))
+        attacks: tuple[tuple[str, Callable[[], Any]], ...] = (
+            ("none", contextlib.nullcontext),
+            ("idle-tcp", functools.partial(IdleConnections, health_port, idle)),
+            ("h2-streams", functools.partial(ZeroWindowAttack, health_port, connections=50,
+                                             streams=(CHECK_WITHOUT_REQUEST,) * 4)),
+            ("slowloris", functools.partial(Slowloris, metrics_port, 50)),
+            ("scrape-flood", functools.partial(ScrapeFlood, url, 4)))
+        for name, make_attack in attacks:
+            rows.append(measure(name, make_attack, seconds, health_port, url))
             print(f"bench: edge/{name} done", file=sys.stderr, flush=True)
     return rows
 
