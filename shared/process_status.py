@@ -6,16 +6,13 @@ treat a missing or broken file as "no status".
 The probes read these files, so a full run dir must not stop them being written: liveness would fail and
 the kubelet restart the pod. Each process therefore keeps a spare file beside its status file with its
 space allocated, writes the new status over the spare's bytes (padded with spaces, which JSON ignores, so
-the file keeps its size and needs no new space), and exchanges the two names in one step
-(renameat2 RENAME_EXCHANGE): the old status becomes the next spare. Only a status that outgrows the spare
-needs new space; where the exchange is not available, the file is replaced by a new one (write, rename).
+the file keeps its size and needs no new space), and puts it in the status file's place with a rename,
+the old status kept as the next spare through a second link to it (a name, no data). Only a status that
+outgrows the spare needs new space; when that fails, the file is replaced by a new one (write, rename).
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import json
 import os
 import pathlib
@@ -27,10 +24,6 @@ _MAX_STATUS_BYTES = 64 * 1024
 # A spare holds this much at least, and grows in doublings: a status that changes in size by a few
 # devices' worth keeps its space.
 _SPARE_BYTES = 4096
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_renameat2 = getattr(_libc, "renameat2", None)
 
 
 def status_file(run_dir: pathlib.Path, process: str) -> pathlib.Path:
@@ -39,14 +32,6 @@ def status_file(run_dir: pathlib.Path, process: str) -> pathlib.Path:
 
 def _spare_file(run_dir: pathlib.Path, process: str) -> pathlib.Path:
     return run_dir / f".status-{process}.spare"
-
-
-def _exchange(first: pathlib.Path, second: pathlib.Path) -> None:
-    if _renameat2 is None:
-        raise OSError(errno.ENOSYS, "renameat2 is not available")
-    if _renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
 
 
 def _write_over_spare(run_dir: pathlib.Path, process: str, content: bytes) -> None:
@@ -64,10 +49,15 @@ def _write_over_spare(run_dir: pathlib.Path, process: str, content: bytes) -> No
     finally:
         os.close(fd)
     status = status_file(run_dir, process)
-    if status.exists():
-        _exchange(spare, status)
-    else:
-        os.rename(spare, status)
+    old = run_dir / f".status-{process}.old"
+    old.unlink(missing_ok=True)  # left by a process that died between the renames below
+    try:
+        os.link(status, old)
+    except FileNotFoundError:
+        pass  # the first status: no spare to keep
+    os.rename(spare, status)
+    if old.exists():
+        os.rename(old, spare)
 
 
 def write_status(run_dir: pathlib.Path, process: str, fields: dict[str, Any]) -> None:
@@ -79,7 +69,7 @@ def write_status(run_dir: pathlib.Path, process: str, fields: dict[str, Any]) ->
         _write_over_spare(run_dir, process, content)
         return
     except OSError:
-        pass  # no exchange here, or no space for a larger spare: a new file, if there is room for it
+        pass  # no space for a larger spare: a new file, if there is room for it
     try:
         with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=f".status-{process}-", delete=False) as tmp:
             json.dump(document, tmp)
@@ -104,7 +94,7 @@ def read_status(run_dir: pathlib.Path, process: str) -> dict[str, Any] | None:
 
 
 def remove_status(run_dir: pathlib.Path, process: str) -> None:
-    for path in (status_file(run_dir, process), _spare_file(run_dir, process)):
+    for path in (status_file(run_dir, process), _spare_file(run_dir, process), run_dir / f".status-{process}.old"):
         try:
             path.unlink()
         except OSError:
