@@ -193,6 +193,10 @@ def _retention(log_dir: pathlib.Path, process: str, keep: int):
     return remove_old
 
 
+# Write errors that say the log dir has no room now, which it may have again later.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT})
+
+
 class LogFile:
     """The process's log file as a loguru sink: each record appended with one write, the file rotated by
     size (renamed `<process>.<time it was begun>.log`, as loguru names them) and the process's own oldest
@@ -217,7 +221,13 @@ class LogFile:
         self._size = 0
         self._begun = 0.0
         self._failing = False
-        self._open()
+        try:
+            self._open()
+        except OSError as exc:
+            # A full or read-only log dir is tried again at each record (and reported at the first); a link
+            # or a stranger's file in its place is a setting to fix: the caller falls back to stdout.
+            if exc.errno not in _NO_ROOM:
+                raise
 
     def _open(self) -> None:
         self._fd = self._opener(str(self._path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
