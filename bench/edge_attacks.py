@@ -146,6 +146,12 @@ def run(quick: bool) -> list[dict]:
         health_port = stack.wait_for_record("Health service listening")[0]["port"]
         metrics_port = stack.wait_for_record("Metrics endpoint listening")[0]["port"]
         url = f"http://127.0.0.1:{metrics_port}{PATH}"
+        # Live once supervisord counts every program RUNNING (a second after its start).
+        deadline = time.monotonic() + 30
+        while not probe(health_port)[1]:
+            if time.monotonic() > deadline:
+                raise TimeoutError("liveness never became SERVING")
+            time.sleep(0.2)
         attacks: tuple[tuple[str, Callable[[], Any]], ...] = (
             ("none", contextlib.nullcontext),
             ("idle-tcp", functools.partial(IdleConnections, health_port, idle)),
