@@ -30,6 +30,7 @@ from kubelet_watchdog.serving_loop import (
     ServingLoop,
     descriptor_room,
     listening_socket,
+    serve,
     shared_loop,
 )
 
@@ -189,8 +190,7 @@ class HealthServer:
         server.add_insecure_port(f"unix:{self._backend}")
         await server.start()
         self._grpc = server
-        self._listener = await asyncio.get_running_loop().create_server(
-            lambda: _Front(self.table, self._backend), sock=self._socket)
+        self._listener = await serve(lambda: _Front(self.table, self._backend), self._socket)
 
     def start(self) -> None:
         self._loop.call(self._start())

@@ -38,6 +38,7 @@ from kubelet_watchdog.serving_loop import (
     ServingLoop,
     descriptor_room,
     listening_socket,
+    serve,
     shared_loop,
 )
 from kubelet_watchdog.stack_metrics import Sample, StackView, state_samples
@@ -200,7 +201,7 @@ class MetricsServer:
         return (await asyncio.shield(cached[1])).answer
 
     async def _start(self) -> None:
-        self._listener = await asyncio.get_running_loop().create_server(lambda: _Request(self), sock=self._socket)
+        self._listener = await serve(lambda: _Request(self), self._socket)
 
     def start(self) -> None:
         self._loop.call(self._start())

@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import random
 import resource
 import socket
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from loguru import logger
@@ -29,9 +30,13 @@ T = TypeVar("T")
 # Descriptors the process keeps for everything else (files, supervisord, inotify, grpc's own).
 _RESERVED_DESCRIPTORS = 256
 _CALL_TIMEOUT_SECONDS = 10.0
-# Connections the kernel keeps waiting for an accept: a burst of reconnecting clients must not drop a
-# probe's SYN (its retransmission comes a second later).
-LISTEN_BACKLOG = 1024
+# Connections the kernel keeps waiting for an accept (capped by net.core.somaxconn, 4096 by default): a
+# burst of reconnecting clients must not drop a probe's SYN, whose retransmission comes a second later.
+LISTEN_BACKLOG = 4096
+# Each connection's deadline is shortened by up to this share, at random: connections opened together
+# (a thousand held by one client) then end spread over a second instead of all at once, and so do their
+# reopenings, which would otherwise arrive as one burst.
+DEADLINE_SPREAD = 0.2
 
 
 class ServingLoop:
@@ -108,7 +113,8 @@ class ConnectionTable:
 
 
 class GuardedConnection(asyncio.Protocol):
-    """A connection of a `ConnectionTable`, closed `deadline` seconds after its accept at the latest."""
+    """A connection of a `ConnectionTable`, closed `deadline` seconds after its accept at the latest
+    (`DEADLINE_SPREAD`)."""
 
     def __init__(self, table: ConnectionTable, deadline: float):
         self._table = table
@@ -120,7 +126,8 @@ class GuardedConnection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self._table.admit(self)
-        self._deadline = asyncio.get_running_loop().call_later(self._deadline_seconds, self.close)
+        deadline = self._deadline_seconds * (1 - DEADLINE_SPREAD * random.random())
+        self._deadline = asyncio.get_running_loop().call_later(deadline, self.close)
 
     def data_received(self, data: bytes) -> None:
         self._table.touch(self)
@@ -142,6 +149,11 @@ class GuardedConnection(asyncio.Protocol):
 
     def lost(self) -> None:
         """The connection is closed, by either side."""
+
+
+async def serve(protocol_factory: Callable[[], asyncio.Protocol], sock: socket.socket) -> asyncio.Server:
+    """`sock` served on the running loop (asyncio sets the socket's backlog again: to LISTEN_BACKLOG)."""
+    return await asyncio.get_running_loop().create_server(protocol_factory, sock=sock, backlog=LISTEN_BACKLOG)
 
 
 def listening_socket(port: int) -> socket.socket:

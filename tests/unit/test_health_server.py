@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 
 import grpc
@@ -12,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubelet_watchdog import health_server
 from kubelet_watchdog.health_server import HealthServer
-from kubelet_watchdog.serving_loop import listening_socket
+from kubelet_watchdog.serving_loop import listening_socket, shared_loop
 from tests.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowConnection
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -115,3 +116,21 @@ def test_accepted_connections_send_at_once():
         return value
 
     assert asyncio.run(accepted_nodelay()) == 1
+
+
+def test_a_burst_of_connections_waits_in_the_kernel_while_the_loop_is_busy(serve):
+    """asyncio sets a served socket's backlog again (100 by default); at 4096, a thousand clients
+    reconnecting at once never push a probe's SYN out of the queue."""
+    server = serve()
+    loop = shared_loop().loop
+    busy = threading.Event()
+    loop.call_soon_threadsafe(lambda: (busy.set(), time.sleep(1.5)))
+    busy.wait(5)
+    burst = []
+    try:
+        for _ in range(300):  # three times asyncio's default backlog, while nothing accepts
+            burst.append(socket.create_connection(("127.0.0.1", server.port), timeout=1))
+        await_accepted(server, 300)
+    finally:
+        for sock in burst:
+            sock.close()
