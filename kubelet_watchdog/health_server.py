@@ -189,6 +189,7 @@ class HealthServer:
         self._backend.unlink(missing_ok=True)
         server.add_insecure_port(f"unix:{self._backend}")
         await server.start()
+        self._backend.chmod(0o600)  # as every socket of the private run dir
         self._grpc = server
         self._listener = await serve(lambda: _Front(self.table, self._backend), self._socket)
 

@@ -105,12 +105,13 @@ def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_windo
         wait_until(lambda: check(port, "liveness") == NOT_SERVING, 15, "liveness to follow a stopped program")
         supervisor.startProcess("worker-npu-vf1")
         await_health(port, default=SERVING, liveness=SERVING, readiness=SERVING)
+        # The server ends the stuck connections at their deadline (and the attacker opens them again).
+        wait_until(lambda: missing_requests.snapshot().connections > 8 and blocked_replies.snapshot().connections > 6,
+                   15, "the stuck connections ended at their deadline")
         attacked = blocked_replies.snapshot()
         missing = missing_requests.snapshot()
-    # The attack held throughout: the server never got a byte of a reply message out to it, and ended
-    # the connections at their deadline (which the attacker then opened again).
-    assert attacked.message_bytes == 0 and attacked.connections >= 6
-    assert missing.message_bytes == 0 and missing.connections > 8
+    # The attack held throughout: the server never got a byte of a reply message out to it.
+    assert attacked.message_bytes == 0 and missing.message_bytes == 0
 
 
 def held_then_dropped(attack, count: int, deadline: float, while_held: Callable[[], None]) -> None:
