@@ -54,16 +54,20 @@ class HealthEndpoint:
 
     def _listen(self) -> HealthServer | None:
         """The server, listening, or None when the port cannot be bound now."""
+        server = None
         try:
-            self._server = self._make_server(self._port)
-        except OSError as exc:
+            server = self._make_server(self._port)
+            server.start()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: gRPC cannot bind its unix socket
+            if server is not None:
+                server.stop()  # the port it holds, to be bound again at the next check
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
             return None
-        self._server.start()
-        logger.info("Health service listening", port=self._server.port)
-        return self._server
+        self._server = server
+        logger.info("Health service listening", port=server.port)
+        return server
 
     def stop(self) -> None:
         if self._server is not None:

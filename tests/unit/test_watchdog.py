@@ -374,3 +374,22 @@ def test_a_shutdown_signal_is_logged_by_name_and_wakes_select(signum):
     assert [(r["msg"], r["signal"]) for r in records if r["msg"] == "Shutdown signal received"] == \
         [("Shutdown signal received", signum.name)]
     assert out.splitlines()[-1] == f"{signum.name} ['listener']"
+
+
+def test_a_health_service_that_cannot_start_is_stopped_and_tried_again_at_the_next_check():
+    class FailingFirst(RecordingHealthServer):
+        starts = 0
+
+        def start(self):
+            FailingFirst.starts += 1
+            if FailingFirst.starts == 1:
+                raise RuntimeError("Failed to bind to address unix:/run/x/health.sock")
+
+        def stop(self):
+            self.stopped = True
+
+    servers = []
+    endpoint = HealthEndpoint(0, lambda port: servers.append(FailingFirst(port)) or servers[-1])
+    endpoint.set(True, True)
+    endpoint.set(True, True)
+    assert len(servers) == 2 and servers[0].stopped and servers[1].states == [(True, True)]
