@@ -3,6 +3,7 @@ answers the pod's liveness and readiness probes and serves the stack's metrics."
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Callable
@@ -84,6 +85,7 @@ class Watchdog:
         self._recorder = recorder
         self._watcher = KubeletSocketWatcher(settings.kubelet_device_plugin_path)
         self._last_verdicts: tuple[Verdict, Verdict] | None = None
+        self._run_dir_was_writable = True
 
     def run(self, shutdown: ShutdownSignal) -> None:
         next_check = 0.0
@@ -138,13 +140,30 @@ class Watchdog:
                 logger.error("Shutdown request failed", err=str(exc))
             return
         run_dir = self._settings.run_dir
+        writable = self._run_dir_writable()
         scanner = process_status.read_status(run_dir, SCANNER)
         workers = {name: process_status.read_status(run_dir, name) for name in WORKERS}
         ready = readiness(programs, scanner, workers)
-        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval), ready,
+        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval, writable),
+                     ready,
                      StackView(current_status(scanner, programs, SCANNER),
                                {name: current_status(status, programs, name) for name, status in workers.items()},
                                ready.ok))
+
+    def _run_dir_writable(self) -> bool:
+        """Whether the run dir's file system takes writes; a change is logged once."""
+        try:
+            writable = not os.statvfs(self._settings.run_dir).f_flag & os.ST_RDONLY
+        except OSError:
+            writable = True  # nothing says otherwise: the status files are judged as usual
+        if writable != self._run_dir_was_writable:
+            if writable:
+                logger.info("Run dir writable again", path=str(self._settings.run_dir))
+            else:
+                logger.warning("Run dir is read-only; liveness judges program states only",
+                               path=str(self._settings.run_dir))
+            self._run_dir_was_writable = writable
+        return writable
 
     def _report(self, live: Verdict, ready: Verdict, view: StackView) -> None:
         self._health.set(live.ok, ready.ok)
