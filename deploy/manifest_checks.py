@@ -7,10 +7,11 @@ schema states (a mount naming a volume that does not exist, two mounts at one pa
 duplicate names, a selector that does not match the template's labels). This module
 makes those checks for the kinds this project ships (DaemonSet, Pod), plus the
 device plugin's own rules: a DaemonSet update never surges, NPUs are requested
-as whole numbers under `limits`, and a PodMonitor selects the pods of a DaemonSet
-of the same render by labels they have and a port name their container declares. A
-NodeFeatureRule (Node Feature Discovery) is cluster-scoped, sets only valid labels,
-matches on something, and gives a DaemonSet of the same render its nodeSelector.
+as whole numbers under `limits`, and a PodMonitor or NetworkPolicy selects the pods of a
+DaemonSet of the same render by labels they have and port names their container declares (and a
+NetworkPolicy's every rule has a source). A NodeFeatureRule (Node Feature Discovery) is
+cluster-scoped, sets only valid labels, matches on something, and gives a DaemonSet of the same
+render its nodeSelector.
 
 Objects of a custom resource are checked against the schema of its CRD when the CRD
 manifest is given (`--crds`, e.g. NFD's): unknown fields are refused, as the API
@@ -110,19 +111,42 @@ def _daemonset_problems(where: str, daemonset: dict[str, Any]) -> Iterator[str]:
     yield from _pod_spec_problems(where, template.get("spec") or {})
 
 
+def _selected(where: str, field: str, spec: dict[str, Any],
+              templates: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
+    """Problems of the selector `field` of `spec` if it selects no pod template of the render, and the port
+    names the selected containers declare."""
+    selector = (spec.get(field) or {}).get("matchLabels") or {}
+    selected = [t for t in templates if selector and selector.items() <= ((t.get("metadata") or {}).get("labels")
+                                                                          or {}).items()]
+    found = [] if selected else [f"{where}: spec.{field}.matchLabels {selector} selects no pod template of this "
+                                 "render"]
+    ports = {port.get("name") for template in selected for container in (template.get("spec") or {}).get("containers")
+             or [] for port in container.get("ports") or []}
+    return found, ports
+
+
 def _pod_monitor_problems(where: str, monitor: dict[str, Any], templates: list[dict[str, Any]]) -> Iterator[str]:
     """A PodMonitor that selects no pod of the render, or names a port no selected container has, scrapes nothing."""
     spec = monitor.get("spec") or {}
-    selector = (spec.get("selector") or {}).get("matchLabels") or {}
-    selected = [t for t in templates if selector and selector.items() <= ((t.get("metadata") or {}).get("labels")
-                                                                          or {}).items()]
-    if not selected:
-        yield f"{where}: spec.selector.matchLabels {selector} selects no pod template of this render"
-    ports = {port.get("name") for template in selected for container in (template.get("spec") or {}).get("containers")
-             or [] for port in container.get("ports") or []}
+    found, ports = _selected(where, "selector", spec, templates)
+    yield from found
     for endpoint in spec.get("podMetricsEndpoints") or []:
         if endpoint.get("port") not in ports:
             yield f"{where}: podMetricsEndpoints port {endpoint.get('port')!r} is no port of the selected containers"
+
+
+def _network_policy_problems(where: str, policy: dict[str, Any], templates: list[dict[str, Any]]) -> Iterator[str]:
+    """A NetworkPolicy must select the render's pods, name ports their container declares, and give every
+    rule a source: a rule without `from` admits everyone."""
+    spec = policy.get("spec") or {}
+    found, ports = _selected(where, "podSelector", spec, templates)
+    yield from found
+    for index, rule in enumerate(spec.get("ingress") or []):
+        if not rule.get("from"):
+            yield f"{where}: ingress rule {index} has no `from` and admits every source"
+        for port in rule.get("ports") or []:
+            if isinstance(port.get("port"), str) and port["port"] not in ports:
+                yield f"{where}: ingress port {port['port']!r} is no port of the selected containers"
 
 
 def _label_problems(where: str, labels: dict[str, Any]) -> Iterator[str]:
@@ -213,6 +237,8 @@ def problems(documents: Iterable[Any], source: str = "", crds: Iterable[dict[str
             found.extend(_pod_spec_problems(where, document.get("spec") or {}))
         elif kind == "PodMonitor":
             found.extend(_pod_monitor_problems(where, document, templates))
+        elif kind == "NetworkPolicy":
+            found.extend(_network_policy_problems(where, document, templates))
         elif kind == "NodeFeatureRule":
             found.extend(_node_feature_rule_problems(where, document, daemonsets))
         found.extend(crd_problems(where, document, crds))

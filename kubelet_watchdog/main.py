@@ -3,6 +3,7 @@ answers the pod's liveness and readiness probes and serves the stack's metrics."
 
 from __future__ import annotations
 
+import os
 import select
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from kubelet_watchdog.health_server import HealthServer
+from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
 from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
@@ -35,7 +36,7 @@ class HealthEndpoint:
     """The health service, if enabled; a port that cannot be bound now is tried again at every check.
     A state is handed to the service only when it differs from the one it has."""
 
-    def __init__(self, port: int, make_server: Callable[[int], HealthServer] = HealthServer):
+    def __init__(self, port: int, make_server: Callable[[int], HealthServer]):
         self._port = port
         self._make_server = make_server
         self._server: HealthServer | None = None
@@ -54,16 +55,20 @@ class HealthEndpoint:
 
     def _listen(self) -> HealthServer | None:
         """The server, listening, or None when the port cannot be bound now."""
+        server = None
         try:
-            self._server = self._make_server(self._port)
-        except RuntimeError as exc:  # grpc's "Failed to bind"
+            server = self._make_server(self._port)
+            server.start()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: gRPC cannot bind its unix socket
+            if server is not None:
+                server.stop()  # the port it holds, to be bound again at the next check
             if not self._failure_logged:
                 logger.error("Health service cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
             return None
-        self._server.start()
-        logger.info("Health service listening", port=self._server.port)
-        return self._server
+        self._server = server
+        logger.info("Health service listening", port=server.port)
+        return server
 
     def stop(self) -> None:
         if self._server is not None:
@@ -80,6 +85,7 @@ class Watchdog:
         self._recorder = recorder
         self._watcher = KubeletSocketWatcher(settings.kubelet_device_plugin_path)
         self._last_verdicts: tuple[Verdict, Verdict] | None = None
+        self._run_dir_was_writable = True
 
     def run(self, shutdown: ShutdownSignal) -> None:
         next_check = 0.0
@@ -134,13 +140,30 @@ class Watchdog:
                 logger.error("Shutdown request failed", err=str(exc))
             return
         run_dir = self._settings.run_dir
+        writable = self._run_dir_writable()
         scanner = process_status.read_status(run_dir, SCANNER)
         workers = {name: process_status.read_status(run_dir, name) for name in WORKERS}
         ready = readiness(programs, scanner, workers)
-        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval), ready,
+        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval, writable),
+                     ready,
                      StackView(current_status(scanner, programs, SCANNER),
                                {name: current_status(status, programs, name) for name, status in workers.items()},
                                ready.ok))
+
+    def _run_dir_writable(self) -> bool:
+        """Whether the run dir's file system takes writes; a change is logged once."""
+        try:
+            writable = not os.statvfs(self._settings.run_dir).f_flag & os.ST_RDONLY
+        except OSError:
+            writable = True  # nothing says otherwise: the status files are judged as usual
+        if writable != self._run_dir_was_writable:
+            if writable:
+                logger.info("Run dir writable again", path=str(self._settings.run_dir))
+            else:
+                logger.warning("Run dir is read-only; liveness judges program states only",
+                               path=str(self._settings.run_dir))
+            self._run_dir_was_writable = writable
+        return writable
 
     def _report(self, live: Verdict, ready: Verdict, view: StackView) -> None:
         self._health.set(live.ok, ready.ok)
@@ -159,7 +182,8 @@ def main() -> None:
     # Imported once recorder_for has told prometheus_client where the value files are.
     from kubelet_watchdog.metrics_server import MetricsEndpoint
 
-    health = HealthEndpoint(settings.healthcheck_port)
+    backend = settings.run_dir / HEALTH_BACKEND_SOCKET
+    health = HealthEndpoint(settings.healthcheck_port, lambda port: HealthServer(port, backend))
     metrics = MetricsEndpoint(settings.metrics_port, metrics_dir(settings.run_dir))
     try:
         Watchdog(settings, connect(settings.run_dir), health, metrics, recorder).run(shutdown)

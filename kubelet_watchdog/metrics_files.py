@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterable
 
 from loguru import logger
 from prometheus_client.metrics_core import Metric
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from shared.value_files import ReservedMmapedDict
 
 ARCHIVE = "archive"
 _GAUGE_PREFIX = "gauge_"
@@ -51,6 +53,7 @@ class ProcessFilesCollector:
         # Held by a collection from listing the files to reading them: a fold renames and deletes files.
         self._lock = threading.Lock()
         self._broken: set[str] = set()  # files already reported unreadable
+        self._fold_failing = False  # reported; the next fold that works is reported too
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
@@ -60,8 +63,14 @@ class ProcessFilesCollector:
                 try:
                     self._fold(ended)
                 except OSError as exc:  # a full run dir: the files stay and are counted as they are
-                    logger.warning("Cannot fold the metrics of ended processes", path=str(self._directory),
-                                   err=str(exc))
+                    if not self._fold_failing:
+                        logger.warning("Cannot fold the metrics of ended processes", path=str(self._directory),
+                                       err=str(exc))
+                    self._fold_failing = True
+                else:
+                    if self._fold_failing:
+                        logger.info("Metrics of ended processes folded again", path=str(self._directory))
+                    self._fold_failing = False
                 files = sorted(self._directory.glob("*.db"))
             return self._merge(files, accumulate=True)
 
@@ -97,7 +106,7 @@ class ProcessFilesCollector:
             # Written beside the archive under a name no collection reads, then put in its place at once.
             partial = self._directory / f".{kind}_{ARCHIVE}.partial"
             partial.unlink(missing_ok=True)
-            table = MmapedDict(str(partial))
+            table = ReservedMmapedDict(str(partial))
             try:
                 for metric in merged:
                     for sample in metric.samples:

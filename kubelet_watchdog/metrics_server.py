@@ -5,24 +5,25 @@ and every status file, read for the probes at each check) and because it is the 
 on the kubelet's path (the workers) nor busy with the node (the scanner): a scrape never delays an
 Allocate or a scan. The other processes only write their value files, which a scrape reads.
 
-One thread serves one request at a time: a scrape costs a few milliseconds, and a client that stalls is cut
-off after a few seconds, so no number of connections can make the process grow. It sleeps in select() between
-requests (no periodic wake-up: an idle node pays nothing).
+It is served from the watchdog's serving loop (serving_loop.py), with the health service: a connection is a
+few objects of the loop, whatever its client does, and must be done, request and answer, within
+`CONNECTION_DEADLINE` however slowly it trickles; a full port closes its least recently active connection
+for a new one. Collections run one at a time in a thread of their own, so that a scrape's few milliseconds
+never delay a probe. The loop sleeps between requests (no periodic wake-up: an idle node pays nothing).
 """
 
 from __future__ import annotations
 
-import errno
+import asyncio
+import concurrent.futures
+import dataclasses
 import gzip
-import http.server
-import os
+import http
 import pathlib
-import selectors
-import socket
-import socketserver
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from loguru import logger
 from prometheus_client.core import GaugeMetricFamily
@@ -31,14 +32,30 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector
+from kubelet_watchdog.serving_loop import (
+    ConnectionTable,
+    GuardedConnection,
+    ServingLoop,
+    descriptor_room,
+    listening_socket,
+    serve,
+    shared_loop,
+)
 from kubelet_watchdog.stack_metrics import Sample, StackView, state_samples
 from shared.metrics import PATH, STATE_FAMILIES
 
-# A client that sends its request or reads the answer slower than this is disconnected.
-CLIENT_TIMEOUT_SECONDS = 5.0
+# A connection's whole life: its request in, its answer out. Prometheus's own scrape timeout defaults to 10 s,
+# and a scrape is answered in milliseconds.
+CONNECTION_DEADLINE = 5.0
+# Connections held at once (each one past it closes the least recently active).
+MAX_CONNECTIONS = 1024
+# A page answers every scrape in its format for this long after its collection started: Prometheus
+# scrapes every 15 s or more, and the state metrics change at the watchdog's checks, every 2 s.
+PAGE_REUSE_SECONDS = 1.0
+# A request line and its headers; Prometheus sends about 300 bytes.
+MAX_REQUEST_BYTES = 8 * 1024
 # zlib's default: most of level 9's gain on a metrics page at a fraction of its CPU.
 GZIP_LEVEL = 6
-_STOP_GRACE_SECONDS = 1.0
 
 
 def state_families(samples: Iterable[Sample]) -> list[Metric]:
@@ -68,91 +85,136 @@ class StackStateCollector:
         return state_families(state_samples(view)) if view is not None else []
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    registry: CollectorRegistry  # set on the subclass each server makes
-    # The connection closes after each answer (HTTP/1.0): a client keeping it open would hold the one
-    # serving thread.
-    timeout = CLIENT_TIMEOUT_SECONDS
+class _Request(GuardedConnection):
+    """One connection: one request, one answer, then closed (HTTP/1.0), all within `CONNECTION_DEADLINE`."""
 
-    def do_GET(self) -> None:
-        if urllib.parse.urlsplit(self.path).path != PATH:
-            self.send_error(404, f"only {PATH} is served here")
+    def __init__(self, server: MetricsServer):
+        super().__init__(server.table, CONNECTION_DEADLINE)
+        self._server = server
+        self._head = bytearray()
+        self._answering = False
+
+    def received(self, data: bytes) -> None:
+        if self._answering:
+            return  # anything after the request is not read
+        self._head += data
+        end = self._head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._head) > MAX_REQUEST_BYTES:
+                self._answer(_error(431, "request header too large"))
             return
-        try:
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(self.registry)
-        except Exception as exc:  # a scrape must never take the watchdog down
-            logger.opt(exception=True).warning("Metrics collection failed", err=f"{type(exc).__name__}: {exc}")
-            self.send_error(500, "metrics collection failed")
+        self._answering = True
+        asyncio.get_running_loop().create_task(self._serve(bytes(self._head[:end])))
+
+    async def _serve(self, head: bytes) -> None:
+        request_line, _, header_lines = head.partition(b"\r\n")
+        parts = request_line.split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            self._answer(_error(400, "malformed request line"))
             return
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-            self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        if parts[0] != b"GET":
+            self._answer(_error(501, "only GET is served here"))
+            return
+        if urllib.parse.urlsplit(parts[1].decode("latin-1")).path != PATH:
+            self._answer(_error(404, f"only {PATH} is served here"))
+            return
+        headers = _headers(header_lines)
+        self._answer(await self._server.render(headers.get("accept", ""), headers.get("accept-encoding", "")))
 
-    def log_message(self, format: str, *args) -> None:  # http.server's signature, `format` and all
-        """Nothing: a scrape every few seconds is no news."""
-
-
-class _Server(socketserver.TCPServer):
-    allow_reuse_address = True  # a restarted watchdog binds again while old connections linger
-
-    def handle_error(self, request, client_address) -> None:
-        """A client that went away mid-answer is its own problem (the default prints a traceback)."""
-        logger.opt(exception=True).debug("Metrics request failed", client=str(client_address))
-
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
-            # One socket for both families, as Go's ":port" listens.
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
+    def _answer(self, answer: bytes) -> None:
+        self._answering = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()  # once written; the deadline cuts off a client that does not read it
 
 
-def _bind(port: int, handler: type[_Handler]) -> _Server:
-    """A server bound to `port` on every interface: IPv6 and IPv4 at once, IPv4 alone where IPv6 is off."""
-    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        server_class = type("_BoundServer", (_Server,), {"address_family": family})
-        try:
-            return server_class((address, port), handler)
-        except OSError as exc:
-            if family == socket.AF_INET6 and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                continue
-            raise
-    raise AssertionError("unreachable")
+def _headers(lines: bytes) -> dict[str, str]:
+    """The headers a scrape is answered by, names in lower case; the others are not looked at."""
+    found = {}
+    for line in lines.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        found[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    return found
+
+
+def _response(status: int, reason: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    lines = [f"HTTP/1.0 {status} {reason}", *(f"{name}: {value}" for name, value in headers),
+             f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + body
+
+
+def _error(status: int, message: str) -> bytes:
+    return _response(status, http.HTTPStatus(status).phrase, [("Content-Type", "text/plain; charset=utf-8")],
+                     f"{message}\n".encode())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Page:
+    answer: bytes
+    reusable: bool
+    """False for a failure, which the next scrape tries again."""
 
 
 class MetricsServer:
-    """Serves `registry` on `port` (0: a free port, see `.port`) from a thread of its own."""
+    """Serves `registry` on `port` (0: a free port, see `.port`) from the watchdog's serving loop."""
 
-    def __init__(self, port: int, registry: CollectorRegistry):
-        handler = type("_RegistryHandler", (_Handler,), {"registry": registry})
-        self._server = _bind(port, handler)
-        self.port = self._server.server_address[1]
-        self._stop_read, self._stop_write = os.pipe()
-        self._thread = threading.Thread(target=self._serve, name="metrics-http", daemon=True)
+    def __init__(self, port: int, registry: CollectorRegistry, loop: ServingLoop | None = None):
+        self._registry = registry
+        self._loop = loop or shared_loop()
+        self.table = ConnectionTable("metrics", descriptor_room(MAX_CONNECTIONS))
+        # Collections run here, one at a time, off the loop: reading the value files takes milliseconds
+        # that probes must not wait for. Its thread starts with the first scrape.
+        self._collector = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-collect")
+        self._socket = listening_socket(port)
+        self.port = self._socket.getsockname()[1]
+        self._listener: asyncio.Server | None = None
+        # The last page of each format (content type, gzipped), when its collection started; one entry per
+        # format the encoders know, whatever clients ask. Only touched on the loop's thread.
+        self._pages: dict[tuple[str, bool], tuple[float, asyncio.Future[_Page]]] = {}
+
+    def _page(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str, gzipped: bool) -> _Page:
+        try:
+            body = encoder(self._registry)
+        except Exception as exc:  # a scrape must never take the watchdog down
+            logger.opt(exception=True).warning("Metrics collection failed", err=f"{type(exc).__name__}: {exc}")
+            return _Page(_error(500, "metrics collection failed"), reusable=False)
+        headers = [("Content-Type", content_type)]
+        if gzipped:
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
+            headers.append(("Content-Encoding", "gzip"))
+        return _Page(_response(200, "OK", headers, body), reusable=True)
+
+    async def render(self, accept: str, accept_encoding: str) -> bytes:
+        """The answer to a scrape: a page collected for it, or one collected less than PAGE_REUSE_SECONDS ago
+        (or being collected) in the same format, so that clients scraping back to back cost one collection
+        a second between them."""
+        encoder, content_type = choose_encoder(accept)
+        gzipped = gzip_accepted(accept_encoding)
+        key = (content_type, gzipped)
+        now = time.monotonic()
+        cached = self._pages.get(key)
+        if cached is None or (cached[1].done() and (now - cached[0] >= PAGE_REUSE_SECONDS
+                                                    or not cached[1].result().reusable)):
+            future = asyncio.get_running_loop().run_in_executor(self._collector, self._page, encoder, content_type,
+                                                                gzipped)
+            cached = self._pages[key] = (now, future)
+        return (await asyncio.shield(cached[1])).answer
+
+    async def _start(self) -> None:
+        self._listener = await serve(lambda: _Request(self), self._socket)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.call(self._start())
 
-    def _serve(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._server, selectors.EVENT_READ)
-            selector.register(self._stop_read, selectors.EVENT_READ)
-            while True:
-                for key, _ in selector.select():
-                    if key.fileobj == self._stop_read:
-                        return
-                    self._server.handle_request()
+    async def _stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
 
     def stop(self) -> None:
-        os.write(self._stop_write, b"x")
-        # A request in progress ends within the client timeout; the process does not wait for it.
-        self._thread.join(_STOP_GRACE_SECONDS)
-        self._server.server_close()
+        self._loop.call(self._stop())
+        self._socket.close()
+        # A collection in progress ends by itself; the process does not wait for it.
+        self._collector.shutdown(wait=False)
 
 
 class MetricsEndpoint:

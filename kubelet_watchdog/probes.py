@@ -29,11 +29,15 @@ class Verdict:
 
 
 def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
-             now_monotonic: float, scan_interval: float) -> Verdict:
+             now_monotonic: float, scan_interval: float, status_writable: bool = True) -> Verdict:
+    """`status_writable` False: the run dir is read-only, so no status file can be fresh and the scanner's
+    publications are not judged (a read-only run dir costs observability, never the pod)."""
     for name in PROGRAMS:
         state = programs.get(name, {}).get("statename", "ABSENT")
         if state != "RUNNING":
             return Verdict(False, f"{name} is {state}")
+    if not status_writable:
+        return Verdict(True, "every program running; run dir read-only, scanner publications not judged")
     limit = STALE_SCANS * scan_interval
     info = programs[SCANNER]
     scanner = current_status(scanner, programs, SCANNER)

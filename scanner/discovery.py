@@ -32,6 +32,9 @@ class ScanResult:
     """Why discovery failed; the inventories are then all empty."""
     excluded: tuple[Exclusion, ...] = ()
     """Devices left out of every resource, with the reason (not hosting PFs: those are expected)."""
+    unreadable: tuple[Exclusion, ...] = ()
+    """Devices advertised without an attribute sysfs has for them but which could not be read (a status
+    file that is a FIFO, a link loop, junk), with the reason."""
     smi_seconds: float = 0.0
     npu_products: tuple[str, ...] = ()
     """rbln-smi's product name of every NPU it lists once, advertised or not, except the PFs hosting VFs."""
@@ -97,6 +100,7 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
     pci_paths = PciPaths(sysfs_root)
     found: dict[Resource, list[DeviceRecord]] = {resource: [] for resource in Resource}
     excluded = [Exclusion("?", reason) for reason in listing.rejected]
+    unreadable: list[Exclusion] = []
     seen: set[str] = set()
     npu_products = []
     for entry in listing.devices:
@@ -113,20 +117,23 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
             continue
         # Stamped before the read: an observation is never newer than the state it saw.
         observed_at_ns = clock()
+        node, numa_problem = numa_node(sysfs_root, entry.bus_id, entry.numa_node)
+        status = read_status(sysfs_root, entry.device)
+        unreadable.extend(Exclusion(entry.device, problem) for problem in (numa_problem, status.problem) if problem)
         found[resource].append(DeviceRecord(
             device_id=entry.device,
             npu=entry.npu,
             bus_id=entry.bus_id,
             product=entry.name,
             sid=entry.sid,
-            numa_node=numa_node(sysfs_root, entry.bus_id, entry.numa_node),
+            numa_node=node,
             parent_pf=role.parent_pf,
             pci_path=pci_paths.resolve(entry.bus_id),
-            status=read_status(sysfs_root, entry.device),
+            status=status,
             observed_at_ns=observed_at_ns,
         ))
     inventories = {resource: tuple(sorted(devices, key=lambda d: d.device_id))
                    for resource, devices in found.items()}
     version = driver_version(sysfs_root, [d for d in seen if is_valid_device_id(d)], listing.kmd_version)
-    return ScanResult(inventories, excluded=tuple(excluded), smi_seconds=smi_seconds,
+    return ScanResult(inventories, excluded=tuple(excluded), unreadable=tuple(unreadable), smi_seconds=smi_seconds,
                       npu_products=tuple(npu_products), driver_version=version)

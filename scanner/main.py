@@ -30,6 +30,7 @@ class ScanReporter:
 
     def __init__(self) -> None:
         self._excluded: frozenset[Exclusion] = frozenset()
+        self._unreadable: frozenset[Exclusion] = frozenset()
         self._failing = False
 
     def report(self, result: ScanResult, duration: float) -> None:
@@ -43,6 +44,11 @@ class ScanReporter:
         for exclusion in sorted(excluded - self._excluded, key=lambda e: e.device):
             logger.error("Device excluded from advertisement", device=exclusion.device, err=exclusion.reason)
         self._excluded = excluded if result.error is None else self._excluded
+        unreadable = frozenset(result.unreadable)
+        for problem in sorted(unreadable - self._unreadable, key=lambda e: e.device):
+            logger.warning("Device attribute cannot be read; advertising the device without it",
+                           device=problem.device, err=problem.reason)
+        self._unreadable = unreadable if result.error is None else self._unreadable
         logger.debug("Reconciled device inventory", durationMs=round(duration * 1000, 3),
                      smiMs=round(result.smi_seconds * 1000, 3),
                      deviceCount=sum(len(d) for d in result.inventories.values()),

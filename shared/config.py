@@ -65,17 +65,26 @@ def _go_integer(text: str) -> int:
         raise ValueError("not an integer") from None
 
 
+MAX_PORT = 65535
+# The scan interval's range. Shorter, the scanner would do little else than run rbln-smi (a scan of 64
+# devices takes about 30 ms); longer, liveness (three missed scans) and health changes would take more than
+# three days to be noticed, and timers past it overflow what the libraries take (1000h does).
+MIN_SCAN_INTERVAL_SECONDS = 0.1
+MAX_SCAN_INTERVAL_SECONDS = 24 * 3600.0
+SCAN_INTERVAL_RANGE = "100ms to 24h"
+
+
 def _port(text: str) -> int:
     port = _go_integer(text.strip())
-    if port > 65535:
-        raise ValueError("above 65535")
+    if port > MAX_PORT:
+        raise ValueError(f"above {MAX_PORT} (the range is 0 to {MAX_PORT}; a negative number turns it off)")
     return port
 
 
 def _interval(text: str) -> float:
     seconds = parse_duration(text)
-    if seconds <= 0:
-        raise ValueError("must be positive")
+    if not MIN_SCAN_INTERVAL_SECONDS <= seconds <= MAX_SCAN_INTERVAL_SECONDS:
+        raise ValueError(f"outside the range {SCAN_INTERVAL_RANGE}")
     return seconds
 
 

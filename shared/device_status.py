@@ -13,6 +13,7 @@ import enum
 import os
 import pathlib
 import re
+import stat
 
 # A status file holds a few digits; anything longer is junk, and reading a
 # huge file must not cost memory or time.
@@ -37,6 +38,8 @@ class StatusReading:
     """One read of a status file. `code` is None when nothing numeric could be read."""
 
     code: int | None
+    problem: str | None = dataclasses.field(default=None, compare=False)
+    """Why a file that is there could not be read (a missing one is no problem: VFs have none)."""
 
     @property
     def readable(self) -> bool:
@@ -77,16 +80,24 @@ def status_path(sysfs_root: pathlib.Path, device_id: str) -> pathlib.Path:
 
 def read_status(sysfs_root: pathlib.Path, device_id: str) -> StatusReading:
     """Read one device's status; never raises. `device_id` must be a validated device name."""
+    path = status_path(sysfs_root, device_id)
     try:
         # Non-blocking: a FIFO in place of the file must not stall a scan or an Allocate.
-        fd = os.open(status_path(sysfs_root, device_id), os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         return UNREADABLE
+    except OSError as exc:  # ELOOP for a link loop, EACCES, ...
+        return StatusReading(None, f"cannot read {path}: {exc.strerror or exc}")
     try:
+        # Only a regular file is read: a FIFO or a device in its place would block or feed without end.
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return StatusReading(None, f"{path} is not a regular file")
         raw = os.read(fd, MAX_STATUS_BYTES + 1)
-    except OSError:
-        # EISDIR for a directory in place of the file, EIO from a failing driver.
-        return UNREADABLE
+    except OSError as exc:  # EIO from a failing driver
+        return StatusReading(None, f"cannot read {path}: {exc.strerror or exc}")
     finally:
         os.close(fd)
-    return parse_status(raw)
+    reading = parse_status(raw)
+    if not reading.readable:
+        return StatusReading(None, f"{path} holds no status code")
+    return reading

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
+import glob
 import json
 import logging
 import os
 import pathlib
 import re
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +193,85 @@ def _retention(log_dir: pathlib.Path, process: str, keep: int):
     return remove_old
 
 
+# Write errors that say the log dir has no room now, which it may have again later.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT})
+
+
+class LogFile:
+    """The process's log file as a loguru sink: each record appended with one write, the file rotated by
+    size (renamed `<process>.<time it was begun>.log`, as loguru names them) and the process's own oldest
+    rotated files removed beyond `keep`.
+
+    A write the file system refuses (a full or read-only log dir) drops the record from the file only:
+    stdout has it. That is reported once on stdout, naming the directory, and so is the first record written
+    again: each record tries the file again, so it recovers by itself when space comes back. The reports go
+    straight to `announce`, since a sink cannot log through loguru."""
+
+    def __init__(self, directory: pathlib.Path, process: str, rotate_bytes: int, keep: int, announce):
+        self._directory = directory
+        self._process = process
+        self._path = directory / f"{process}.log"
+        self._rotate_bytes = rotate_bytes
+        self._remove_old = _retention(directory, process, keep)
+        self._announce = announce
+        self._opener = safe_open.opener(DIR_ENV, mode=0o640)
+        # Guards the descriptor and the counts: records come from any thread.
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._size = 0
+        self._begun = 0.0
+        self._failing = False
+        try:
+            self._open()
+        except OSError as exc:
+            # A full or read-only log dir is tried again at each record (and reported at the first); a link
+            # or a stranger's file in its place is a setting to fix: the caller falls back to stdout.
+            if exc.errno not in _NO_ROOM:
+                raise
+
+    def _open(self) -> None:
+        self._fd = self._opener(str(self._path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+        info = os.fstat(self._fd)
+        self._size = info.st_size
+        self._begun = info.st_mtime if info.st_size else time.time()
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        self._fd = -1
+        stamp = datetime.datetime.fromtimestamp(self._begun).strftime("%Y-%m-%d_%H-%M-%S_%f")
+        target = self._directory / f"{self._process}.{stamp}.log"
+        counter = 2
+        while target.exists():
+            target = self._directory / f"{self._process}.{stamp}.{counter}.log"
+            counter += 1
+        os.rename(self._path, target)
+        self._open()
+        self._remove_old([str(path) for path in self._directory.glob(f"{glob.escape(self._process)}.*.log")])
+
+    def write(self, message: str) -> None:
+        data = message.encode()
+        with self._lock:
+            try:
+                if self._fd < 0:
+                    self._open()
+                if self._size and self._size + len(data) > self._rotate_bytes:
+                    self._rotate()
+                written = os.write(self._fd, data)
+                if written < len(data):  # the file system is full: no half record stays in the file
+                    os.ftruncate(self._fd, self._size)
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                self._size += written
+            except OSError as exc:
+                if not self._failing:
+                    self._failing = True
+                    self._announce("warn", "Log file not written; logging to stdout only",
+                                   {"path": str(self._directory), "err": str(exc)})
+                return
+            if self._failing:
+                self._failing = False
+                self._announce("info", "Log file written again", {"path": str(self._directory)})
+
+
 @dataclasses.dataclass(frozen=True)
 class LogSetup:
     """What `setup` installed: the level and format in use (the stream's names), and the settings
@@ -283,14 +366,20 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
                                "diagnose": False}
     logger.add(stream, format=lambda _record: "{extra[_line]}\n", **options)
 
+    def announce(level: str, message: str, fields: Mapping[str, str]) -> None:
+        """One record straight to the stream, as the stream's sink would have written it."""
+        record = {"ts": timestamp(datetime.datetime.now(datetime.timezone.utc)), "level": level, "msg": message,
+                  "process": process, **fields}
+        stream.write(_shrink(record, text_line if as_text else json_line) + "\n")
+        stream.flush()
+
     log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
     if log_dir:
-        directory = pathlib.Path(os.path.abspath(log_dir))  # as loguru names the files it finds
+        directory = pathlib.Path(os.path.abspath(log_dir))
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            logger.add(directory / f"{process}.log", format=lambda _record: "{extra[_json]}\n",
-                       rotation=rotate_bytes, retention=_retention(directory, process, keep_rotated),
-                       opener=safe_open.opener(DIR_ENV, mode=0o640), **options)
+            sink = LogFile(directory, process, rotate_bytes, keep_rotated, announce)
+            logger.add(sink.write, format=lambda _record: "{extra[_json]}\n", **options)
         except OSError as exc:
             fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
                                       {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))

@@ -140,6 +140,10 @@ def reset_metrics_dir(run_dir: pathlib.Path, enabled: bool) -> None:
 def _build(family: Family) -> Any:
     import prometheus_client
 
+    from shared import value_files
+
+    value_files.install()
+
     # registry=None: the serving process reads the files, not this process's registry.
     kwargs: dict[str, Any] = {"labelnames": family.labels, "registry": None}
     if family.kind is Kind.COUNTER:
@@ -156,8 +160,9 @@ class Recorder:
     written to the files by `flush()`, which the process calls once the work is answered: the worker after
     each response is sent, the scanner after each scan. prometheus_client is imported when the families
     are first needed (`load()`, or the first flush), so a worker whose resource the node lacks never pays
-    for it. Recording never raises into the caller's work: a value file that cannot be made (a full run
-    dir) is reported once, and the events are dropped.
+    for it. Recording never raises into the caller's work: a value file that cannot be made or grown (a
+    full or read-only run dir; its space is reserved before it is mapped, so it never costs a SIGBUS) is
+    reported once, the events are dropped, and the first event recorded again is reported too.
     """
 
     def __init__(self, directory: pathlib.Path | None):
@@ -169,14 +174,26 @@ class Recorder:
         # so that events nobody flushes cannot grow the process.
         self._pending: collections.deque[Callable[[dict[Family, Any]], None]] = collections.deque(
             maxlen=_MAX_PENDING)
+        # Whether the failure to record is reported; the first success after it is reported too.
         self._failure_logged = False
+        # What `load` was asked to make zero series of: (resource, rbln-smi commands).
+        self._zero_series: tuple[str | None, tuple[str, ...]] = (None, ())
 
     def load(self, resource: str | None = None, smi_commands: Iterable[str] = ()) -> None:
         """Import prometheus_client and make the families now, off the path of the first event, with a zero
         series for each label set this process can record (a resource's allocations of either result, its
-        rbln-smi commands): a query then finds zero rather than nothing before the first event."""
+        rbln-smi commands): a query then finds zero rather than nothing before the first event. Families
+        that cannot be made now (no room for their files) are made at a later flush, zero series and all."""
+        self._zero_series = (resource, tuple(smi_commands))
+        try:
+            self._load()
+        except Exception as exc:  # as flush: metrics never cost the process
+            self._failed(exc)
+
+    def _load(self) -> None:
         if self.directory is None or self._families is not None:
             return
+        resource, smi_commands = self._zero_series
         with self._lock:
             if self._families is not None:
                 return
@@ -191,6 +208,14 @@ class Recorder:
                 families[RBLN_SMI_FAILURES].labels(command)
             self._families = families
 
+    def _failed(self, exc: Exception) -> None:
+        from loguru import logger  # not on the way of `run`, which imports this module before its exec
+
+        if not self._failure_logged:
+            self._failure_logged = True
+            logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
+                           err=f"{type(exc).__name__}: {exc}")
+
     def _record(self, work: Callable[[dict[Family, Any]], None]) -> None:
         if self.directory is not None:
             self._pending.append(work)
@@ -203,16 +228,17 @@ class Recorder:
             except IndexError:
                 return
             try:
-                self.load()
+                self._load()
                 assert self._families is not None
                 work(self._families)
             except Exception as exc:  # metrics must never cost an allocation or a scan; the event is dropped
-                from loguru import logger  # not on the way of `run`, which imports this module before its exec
+                self._failed(exc)
+                continue
+            if self._failure_logged:
+                from loguru import logger
 
-                if not self._failure_logged:
-                    self._failure_logged = True
-                    logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
-                                   err=f"{type(exc).__name__}: {exc}")
+                self._failure_logged = False
+                logger.info("Metrics recorded again", path=str(self.directory))
 
     def scan(self, seconds: float) -> None:
         self._record(lambda f: f[SCAN_DURATION].observe(seconds))

@@ -104,6 +104,8 @@ def ensure_private_dir(path: pathlib.Path, setting: str, owner: int | None = Non
     try:
         # Any mode is taken (an emptyDir, for one, is created 0777), as long as the owner is right.
         check_descriptor(fd, path, setting, stat.S_IFDIR, owner, forbidden=0)
-        os.fchmod(fd, PRIVATE_DIR_MODE)
+        # Only when it differs: a process started on a read-only run dir (which has it right) must not fail.
+        if stat.S_IMODE(os.fstat(fd).st_mode) != PRIVATE_DIR_MODE:
+            os.fchmod(fd, PRIVATE_DIR_MODE)
     finally:
         os.close(fd)

@@ -87,9 +87,19 @@ def _read_num_vfs(device_dir: pathlib.Path) -> int:
 
 def probe_sriov(sysfs_root: pathlib.Path, bus_id: str) -> SriovRole:
     device_dir = pci_device_dir(sysfs_root, bus_id)
+    # An entry for the device that leads nowhere (a dangling link, a file) hides whether it is a VF. (No
+    # entry at all is a node whose sysfs has no SR-IOV view: its devices are plain PFs.)
+    if _lstat(device_dir) is not None:
+        try:
+            if not stat.S_ISDIR(os.stat(device_dir).st_mode):
+                raise SriovError(f"{device_dir} is not a directory")
+        except OSError as exc:
+            raise _cannot_read(device_dir, exc) from None
     physfn = device_dir / "physfn"
     physfn_stat = _lstat(physfn)
-    if physfn_stat is not None and stat.S_ISLNK(physfn_stat.st_mode):
+    if physfn_stat is not None and not stat.S_ISLNK(physfn_stat.st_mode):
+        raise SriovError(f"{physfn} is not a link to a PF")
+    if physfn_stat is not None:
         try:
             parent = os.path.basename(os.readlink(physfn))
         except OSError as exc:
@@ -116,12 +126,21 @@ def parse_numa(text: str | int | None) -> int | None:
     return node if node >= 0 else None
 
 
-def numa_node(sysfs_root: pathlib.Path, bus_id: str, reported: str | int | None) -> int | None:
-    """rbln-smi's NUMA node when valid, else the PCI device's `numa_node` attribute."""
+def numa_node(sysfs_root: pathlib.Path, bus_id: str, reported: str | int | None) -> tuple[int | None, str | None]:
+    """rbln-smi's NUMA node when valid, else the PCI device's `numa_node` attribute; and why that attribute,
+    there, could not be read (a missing one is no problem)."""
     node = parse_numa(reported)
     if node is not None:
-        return node
+        return node, None
+    path = pci_device_dir(sysfs_root, bus_id) / "numa_node"
     try:
-        return parse_numa(read_attribute(pci_device_dir(sysfs_root, bus_id) / "numa_node"))
-    except OSError:
-        return None
+        text = read_attribute(path)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, str(_cannot_read(path, exc))
+    try:
+        int(text)
+    except ValueError:
+        return None, f"{path} holds {text[:32]!r}, not a NUMA node"
+    return parse_numa(text), None

@@ -452,6 +452,59 @@ def test_the_pod_monitor_passes_the_checks_and_a_wrong_port_name_would_not():
         "render", "podMetricsEndpoints port 'prometheus' is no port of the selected containers"]
 
 
+# --- NetworkPolicy -----------------------------------------------------------------------------------
+
+NETWORK_POLICY = ROOT / "deploy/helm/ci-values/network-policy.yaml"
+
+
+def network_policies(*sets: str, **kwargs) -> list[dict]:
+    return [doc for doc in render(*sets, **kwargs) if doc["kind"] == "NetworkPolicy"]
+
+
+def test_no_network_policy_by_default():
+    assert network_policies() == []
+
+
+def test_the_network_policy_admits_the_nodes_to_the_health_port_and_prometheus_to_the_metrics_port():
+    (policy,) = network_policies(values=NETWORK_POLICY)
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert spec["podSelector"]["matchLabels"] == daemonset()["spec"]["selector"]["matchLabels"]
+    assert spec["policyTypes"] == ["Ingress"]
+    health, metrics = spec["ingress"]
+    assert health == {"ports": [{"port": "health", "protocol": "TCP"}],
+                      "from": [{"ipBlock": {"cidr": "10.0.0.0/16"}}, {"ipBlock": {"cidr": "fd00:10::/64"}}]}
+    # Namespace and pod labels in one peer: both must match.
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        {"ipBlock": {"cidr": "192.168.10.5/32"}}]}
+    assert manifest_checks.problems(render(values=NETWORK_POLICY)) == []
+
+
+def test_a_port_without_sources_or_turned_off_admits_nobody_never_everyone():
+    (policy,) = network_policies("networkPolicy.enabled=true")
+    assert policy["spec"]["ingress"] == []
+    (policy,) = network_policies("devicePlugin.containers.plugin.metricsPort=-1", values=NETWORK_POLICY)
+    assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == ["health"]
+    (policy,) = network_policies("devicePlugin.containers.plugin.healthcheckPort=-1", values=NETWORK_POLICY)
+    assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == ["metrics"]
+
+
+def test_the_checks_refuse_a_rule_that_admits_everyone_or_names_no_container_port():
+    docs = [dict(doc) for doc in render(values=NETWORK_POLICY)]
+    policy = next(doc for doc in docs if doc["kind"] == "NetworkPolicy")
+    policy["spec"] = {**policy["spec"], "ingress": [{"ports": [{"port": "probes"}]}]}
+    assert [problem.split(": ", 1)[1] for problem in manifest_checks.problems(docs)] == [
+        "ingress rule 0 has no `from` and admits every source",
+        "ingress port 'probes' is no port of the selected containers"]
+
+
+def test_the_schema_refuses_what_is_no_cidr():
+    result = _run_helm("template", RELEASE, str(CHART), "--set", "networkPolicy.probeCIDRs={10.0.0}")
+    assert result.returncode != 0 and "/networkPolicy/probeCIDRs/0" in result.stderr
+
+
 # --- Mounts ------------------------------------------------------------------------------------------
 
 def test_default_mounts():

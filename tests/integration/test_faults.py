@@ -16,10 +16,12 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from rbln_device_plugin.simulate import expected_resources
 from resource_worker.allocation import DEVICE_NODE_TIMEOUT
 from shared import ipc, process_status
 from shared.rbln_smi import LIST_TIMEOUT
 from shared.resources import Resource
+from simulator import hostile
 from simulator.smi_state import GROUP_CHANGES
 from tests.integration.test_spine import all_healthy
 from tests.unit.test_discovery import STATUS_JUNK, bus_link, replace_with_loop
@@ -212,6 +214,35 @@ def test_junk_status_files_keep_a_fault_and_a_healthy_device_as_they_were(make_n
     link.symlink_to(target)
     before = registrations(kubelet, VF1)
     await_reregistration(kubelet, VF1, before, all_healthy(["rbln2-0"]))
+
+
+# Seeds whose families hold every kind of damage between them (the unit family covers every target).
+@pytest.mark.parametrize("seed", [2, 6])
+def test_a_seeded_family_of_hostile_sysfs_entries_costs_each_bad_device_one_clear_error_and_nothing_else(
+        make_node, kubelet, start_stack, seed):
+    """Link loops, enormous files, non-UTF-8 names and FIFOs in a running node's sysfs: no scan hangs, no
+    process dies, and each damaged device gets one record naming it, every scan after."""
+    node = make_node(hostile.hostile_node_spec())
+    clean = {resource: set(ids) for resource, ids in expected_resources(node).items()}
+    planted = hostile.family(node, seed, count=4)
+    out = hostile.expected_out(node, planted)
+    kept = {resource: ids - out for resource, ids in clean.items() if ids - out}
+    stack = start_stack(node)
+    for resource, ids in kept.items():
+        kubelet.wait_for_devices(resource, lambda view, ids=ids: view.connected and set(view.devices) == ids,
+                                 timeout=30)
+    scanner_pid = process_pid(node, "scanner")
+    await_scans(node, count=10)
+    for resource in set(clean) - set(kept):
+        assert resource not in kubelet.resources() or not kubelet.resources()[resource].devices, resource
+    for device in out:
+        (record,) = stack.find("Device excluded from advertisement", device=device)
+        assert record["level"] == "error" and str(node.sysfs_root) in record["err"]
+    for device in hostile.expected_warned(node, planted):
+        (record,) = stack.find("Device attribute cannot be read; advertising the device without it", device=device)
+        assert record["level"] == "warn" and str(node.sysfs_root) in record["err"]
+    assert process_pid(node, "scanner") == scanner_pid
+    assert not [line for line in stack.stderr_lines if "exited:" in line and "not expected" in line]
 
 
 # A worker killed inside an Allocate

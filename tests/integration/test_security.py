@@ -12,17 +12,21 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kubelet_watchdog.health_server import MAX_CONCURRENT_CALLS
+from kubelet_watchdog import health_server, metrics_server
 from shared.rbln_smi import TOOL_ENVIRONMENT
 from shared.supervisord import transport
 from shared.supervisord.client import server_proxy
 from simulator import smi_state
+from simulator.node import SimulatedNode
 from simulator.stack import ENTRYPOINT, StackProcess
 from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
+from tests.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
+from tests.integration.metrics_scrape import scrape_text
 from tests.integration.test_faults import wait_until
 from tests.integration.test_supervision import (
     DEVICES,
@@ -45,12 +49,12 @@ UNIMPLEMENTED = str(grpc.StatusCode.UNIMPLEMENTED.value[0])
 NOBODY = 65534
 
 
-def check(port: int, service: str):
+def check(port: int, service: str, timeout: float = PROBE_TIMEOUT):
     """One probe as the kubelet makes it: a new connection, one Check with the probe's deadline."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         try:
             return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                             timeout=PROBE_TIMEOUT).status
+                                                             timeout=timeout).status
         except grpc.RpcError as exc:
             return exc.code()
 
@@ -59,39 +63,93 @@ def crit_lines(stack: StackProcess) -> list[str]:
     return [line for line in stack.stderr_lines if " CRIT " in line]
 
 
+def probes_and_the_watchdog_hold(stack: StackProcess, kubelet, health_port: int, restarts: int = 1) -> None:
+    """Under an attack: probes as the kubelet makes them are answered, and a kubelet restart is followed by
+    every resource registering again and the probes passing again (liveness follows the workers' restart:
+    they are not RUNNING for the moment supervisord starts them)."""
+    for _ in range(10):
+        assert check(health_port, "liveness", timeout=1.0) == SERVING
+        assert check(health_port, "readiness", timeout=1.0) == SERVING
+    before = registrations(kubelet)
+    kubelet.restart()
+    await_restarted_workers(stack, starts=restarts + 1)
+    await_serving(kubelet, since=before)
+    wait_until(lambda: check(health_port, "liveness", timeout=1.0) == SERVING
+               and check(health_port, "readiness", timeout=1.0) == SERVING, 30, "the probes after the kubelet restart")
+
+
+def attacked_stack(make_node, kubelet, start_stack) -> tuple[SimulatedNode, StackProcess, int, int]:
+    """The stack on NODE with both ports on, serving; its health and metrics ports."""
+    node = make_node(NODE)
+    health_port, metrics_port = free_port(), free_port()
+    stack = start_stack(node, HEALTHCHECK_PORT=str(health_port), METRICS_PORT=str(metrics_port))
+    await_serving(kubelet)
+    await_health(health_port, liveness=SERVING, readiness=SERVING)
+    return node, stack, health_port, metrics_port
+
+
 def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_window(make_node, kubelet,
                                                                                   start_stack):
-    node = make_node(NODE)
-    port = free_port()
-    stack = start_stack(node, HEALTHCHECK_PORT=str(port))
-    await_serving(kubelet)
-    await_health(port, liveness=SERVING, readiness=SERVING)
-    # Replies that can never leave (Watch and Check on a closed window) on every connection the port allows
-    # at once, and calls whose request never comes taking up all but a few of the service's threads.
+    node, stack, port, _ = attacked_stack(make_node, kubelet, start_stack)
+    # Replies that can never leave (Watch and Check on a closed window), and calls whose request never
+    # comes: twice the 16 call slots the service once had, which they then used up.
     blocked_replies = ZeroWindowAttack(port, connections=6, streams=(WATCH, WATCH, CHECK, CHECK))
-    missing_requests = ZeroWindowAttack(port, connections=(MAX_CONCURRENT_CALLS - 4) // 4,
-                                        streams=(CHECK_WITHOUT_REQUEST,) * 4)
+    missing_requests = ZeroWindowAttack(port, connections=8, streams=(CHECK_WITHOUT_REQUEST,) * 4)
     with blocked_replies, missing_requests:
         wait_until(lambda: blocked_replies.snapshot().grpc_status[(WATCH, UNIMPLEMENTED)] >= 12, 15,
                    "every Watch to be refused")
-        for _ in range(20):
-            assert check(port, "liveness") == SERVING
-            assert check(port, "readiness") == SERVING
-        # The watchdog still acts, and its state changes still reach Check: a kubelet restart, a program stopped.
-        before = registrations(kubelet)
-        kubelet.restart()
-        await_restarted_workers(stack, starts=2)
-        await_serving(kubelet, since=before)
-        wait_until(lambda: check(port, "readiness") == SERVING, 30, "readiness after the kubelet restart")
+        probes_and_the_watchdog_hold(stack, kubelet, port)
+        # State changes still reach Check: a program stopped and started again.
         supervisor = server_proxy(node.run_dir).supervisor
         supervisor.stopProcess("worker-npu-vf1")
         wait_until(lambda: check(port, "liveness") == NOT_SERVING, 15, "liveness to follow a stopped program")
         supervisor.startProcess("worker-npu-vf1")
         await_health(port, default=SERVING, liveness=SERVING, readiness=SERVING)
+        # The server ends the stuck connections at their deadline (and the attacker opens them again).
+        wait_until(lambda: missing_requests.snapshot().connections > 8 and blocked_replies.snapshot().connections > 6,
+                   15, "the stuck connections ended at their deadline")
         attacked = blocked_replies.snapshot()
+        missing = missing_requests.snapshot()
     # The attack held throughout: the server never got a byte of a reply message out to it.
-    assert attacked.message_bytes == 0 and attacked.connections >= 6
-    assert missing_requests.snapshot().message_bytes == 0
+    assert attacked.message_bytes == 0 and missing.message_bytes == 0
+
+
+def held_then_dropped(attack, count: int, deadline: float, while_held: Callable[[], None]) -> None:
+    """`while_held` runs while `attack` holds its `count` connections; each is dropped by the server within
+    `deadline` of its opening (and opened again by the attacker)."""
+    with attack:
+        wait_until(lambda: attack.snapshot().opened >= count, 30, "every hostile connection open")
+        while_held()
+        wait_until(lambda: attack.snapshot().closed_by_server >= count, 30, "the hostile connections dropped")
+        report = attack.snapshot()
+    assert report.longest_seconds <= deadline + 2
+
+
+def test_idle_connections_past_the_port_limit_never_keep_a_probe_out(make_node, kubelet, start_stack):
+    _, stack, port, _ = attacked_stack(make_node, kubelet, start_stack)
+    # Ten times the 64 connections the service once took, each opened again when the server drops it.
+    held_then_dropped(IdleConnections(port, 640), 640, health_server.CONNECTION_DEADLINE,
+                      lambda: probes_and_the_watchdog_hold(stack, kubelet, port))
+
+
+def test_slowloris_clients_on_the_metrics_port_delay_no_scrape_and_no_probe(make_node, kubelet, start_stack):
+    _, stack, health_port, metrics_port = attacked_stack(make_node, kubelet, start_stack)
+
+    def scrapes_and_probes() -> None:
+        for _ in range(5):
+            assert "rbln_device_plugin_registered" in scrape_text(metrics_port)
+        probes_and_the_watchdog_hold(stack, kubelet, health_port)
+
+    # However it drips, a request has its deadline in all.
+    held_then_dropped(Slowloris(metrics_port, 30, interval=1.0), 30, metrics_server.CONNECTION_DEADLINE,
+                      scrapes_and_probes)
+
+
+def test_clients_scraping_back_to_back_keep_no_probe_waiting(make_node, kubelet, start_stack):
+    _, stack, health_port, metrics_port = attacked_stack(make_node, kubelet, start_stack)
+    with ScrapeFlood(f"http://127.0.0.1:{metrics_port}/metrics", 4) as flood:
+        probes_and_the_watchdog_hold(stack, kubelet, health_port)
+    assert flood.ok > 10 and flood.failed == 0
 
 
 def test_a_watchdog_that_cannot_reach_supervisord_reports_not_live_and_not_ready(make_node, kubelet, start_stack):

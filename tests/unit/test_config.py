@@ -2,7 +2,7 @@ import pathlib
 
 import pytest
 
-from shared.config import OPTIONS, SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
+from shared.config import MAX_SCAN_INTERVAL_SECONDS, OPTIONS, SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
 from shared.durations import format_duration, parse_duration
 from shared.plugin_socket import longest_socket_name, new_socket_name
 from shared.resources import Resource
@@ -91,9 +91,13 @@ def test_use_generic_resource_name_reads_go_booleans(text, value):
     ("USE_GENERIC_RESOURCE_NAME", " true", "not a boolean"),
     ("USE_GENERIC_RESOURCE_NAME", "tRuE", "not a boolean"),
     ("DEVICE_SCAN_INTERVAL", "5", "missing unit"),
-    ("DEVICE_SCAN_INTERVAL", "0s", "must be positive"),
+    ("DEVICE_SCAN_INTERVAL", "0s", "outside the range 100ms to 24h"),
+    ("DEVICE_SCAN_INTERVAL", "-5s", "outside the range 100ms to 24h"),
+    ("DEVICE_SCAN_INTERVAL", "99ms", "outside the range 100ms to 24h"),
+    ("DEVICE_SCAN_INTERVAL", "1000h", "outside the range 100ms to 24h"),
+    ("DEVICE_SCAN_INTERVAL", "9" * 400 + "h", "outside the range 100ms to 24h"),
     ("HEALTHCHECK_PORT", "http", "not an integer"),
-    ("HEALTHCHECK_PORT", "70000", "above 65535"),
+    ("HEALTHCHECK_PORT", "70000", "above 65535 (the range is 0 to 65535; a negative number turns it off)"),
     ("METRICS_PORT", "metrics", "not an integer"),
     ("METRICS_PORT", "65536", "above 65535"),
     ("KUBELET_POD_RESOURCES_SOCKET", "", "must not be empty"),
@@ -108,6 +112,12 @@ def test_bad_settings_name_the_variable(env, value, fragment):
         Settings.from_environ({env: value})
     message = str(caught.value)
     assert env in message and fragment in message and "\n" not in message
+
+
+def test_the_ends_of_the_scan_interval_range_are_accepted():
+    assert Settings.from_environ({"DEVICE_SCAN_INTERVAL": "100ms"}).device_scan_interval == 0.1
+    assert Settings.from_environ({"DEVICE_SCAN_INTERVAL": "24h"}).device_scan_interval == MAX_SCAN_INTERVAL_SECONDS
+    assert Settings.from_environ({"DEVICE_SCAN_INTERVAL": "1m30s"}).device_scan_interval == 90
 
 
 def test_socket_directories_up_to_the_unix_limit_are_accepted():

@@ -19,6 +19,7 @@ from shared.ipc import MAX_DEVICES
 from shared.rbln_smi import CallResult, RblnSmi
 from shared.resources import Resource
 from shared.sriov import SriovError, probe_sriov, read_attribute
+from simulator import hostile
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 
@@ -248,3 +249,24 @@ def test_a_missing_or_non_directory_cdi_root_is_not_fatal(short_tmp):
     not_a_dir = short_tmp / "file"
     not_a_dir.write_text("")
     assert remove_stale_specs(not_a_dir) == []
+
+
+# --- Hostile sysfs, as a seeded family (simulator/hostile.py) ----------------------------------------
+
+@pytest.mark.parametrize("seed", range(16))
+def test_a_seeded_family_of_hostile_sysfs_entries_costs_each_damaged_device_one_named_reason(short_tmp, seed):
+    node = build_node(short_tmp / "node", hostile.hostile_node_spec())
+    clean = advertised(scan_node(node))
+    planted = hostile.family(node, seed, count=4)
+    result = scan_node(node)
+    out = hostile.expected_out(node, planted)
+    # Nothing damaged is advertised under a guess, nothing undamaged is lost, nothing moves resource.
+    kept = {r: [d for d in devices if d not in out] for r, devices in clean.items()}
+    assert advertised(result) == {r: devices for r, devices in kept.items() if devices}
+    # One reason per device, each naming what of it could not be read.
+    reasons = [e.device for e in result.excluded]
+    warnings = [e.device for e in result.unreadable]
+    assert sorted(reasons) == sorted(out)
+    assert sorted(warnings) == sorted(hostile.expected_warned(node, planted))
+    for exclusion in (*result.excluded, *result.unreadable):
+        assert str(node.sysfs_root) in exclusion.reason, exclusion

@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # The processes' packages, whose records the catalogue lists.
 LOGGING_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog")
-_LEVEL_METHODS = {"debug", "info", "warning", "error", "log", "_log_wait"}
+_LEVEL_METHODS = {"debug", "info", "warning", "error", "log", "_log_wait", "_announce"}
 
 
 def _table_rows(page: str) -> list[list[str]]:
@@ -68,8 +68,9 @@ def _logged_messages() -> set[str]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in _LEVEL_METHODS:
-                # log(level, message) and _log_wait(level, message, ...); the others take the message first.
-                position = 1 if node.func.attr in ("log", "_log_wait") else 0
+                # log(level, message), _log_wait(level, message, ...) and the log file's _announce(level,
+                # message, fields); the others take the message first.
+                position = 1 if node.func.attr in ("log", "_log_wait", "_announce") else 0
                 argument = node.args[position] if len(node.args) > position else None
                 if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                     messages.add(argument.value)

@@ -2,9 +2,11 @@
 
 import argparse
 import datetime
+import errno
 import io
 import json
 import logging
+import os
 import re
 import sys
 from concurrent import futures
@@ -233,6 +235,63 @@ def test_a_log_file_behind_a_link_is_not_written_and_the_setting_is_named(instal
     assert warning["msg"] == "Log directory unavailable; logging to stdout only"
     assert warning["err"] == f"{log.DIR_ENV} {tmp_path / f'{PROCESS}.log'}: is a symbolic link"
     assert event["msg"] == "event"
+
+
+def test_a_log_file_that_cannot_be_written_costs_its_records_only_and_is_tried_again(install, tmp_path,
+                                                                                     monkeypatch):
+    log_dir = tmp_path / "logs"
+    real_write = os.write
+    full = {"on": False}
+
+    def write(fd, data):
+        if full["on"] and fd not in (0, 1, 2):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    stream, _ = install({log.DIR_ENV: str(log_dir)})
+    monkeypatch.setattr(log.os, "write", write)
+    logger.info("before")
+    full["on"] = True
+    for index in range(3):
+        logger.info("while full", index=index)
+    full["on"] = False
+    logger.info("after")
+    shown = [(r["msg"], r.get("path")) for r in records(stream)]
+    assert shown == [("before", None), ("while full", None),
+                     ("Log file not written; logging to stdout only", str(log_dir)),
+                     ("while full", None), ("while full", None), ("after", None),
+                     ("Log file written again", str(log_dir))]
+    assert [json.loads(line)["msg"] for line in (log_dir / f"{PROCESS}.log").read_text().splitlines()] == \
+        ["before", "after"]
+
+
+def test_a_read_only_log_dir_at_start_is_tried_again_at_each_record(install, tmp_path, monkeypatch):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    opener = log.safe_open.opener
+
+    def read_only(*args, **kwargs):
+        open_checked = opener(*args, **kwargs)
+
+        def refuse(path, flags):
+            if refuse.read_only:
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+            return open_checked(path, flags)
+
+        refuse.read_only = True
+        opened.append(refuse)
+        return refuse
+
+    opened: list = []
+    monkeypatch.setattr(log.safe_open, "opener", read_only)
+    stream, installed = install({log.DIR_ENV: str(log_dir)})
+    assert installed.fallbacks == []
+    logger.info("first")
+    opened[0].read_only = False
+    logger.info("second")
+    assert [r["msg"] for r in records(stream)] == ["first", "Log file not written; logging to stdout only",
+                                                   "second", "Log file written again"]
+    assert [json.loads(line)["msg"] for line in (log_dir / f"{PROCESS}.log").read_text().splitlines()] == ["second"]
 
 
 def test_retention_removes_only_the_process_own_rotated_files(install, tmp_path):

@@ -3,6 +3,7 @@ the files of processes that ended are folded so that nothing counts twice or is 
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -209,6 +210,43 @@ def test_a_recorder_that_cannot_write_never_fails_the_work(node, monkeypatch):
     assert [message for message, _ in logged] == ["Metrics cannot be recorded; continuing without them"]
     assert "No space left" in logged[0][1]["err"]
     assert not recorder._pending, "events that cannot be written are dropped, never kept to grow"
+
+
+def test_value_files_are_allocated_before_they_are_mapped_and_a_refusal_is_reported_once_until_it_passes(
+        node, monkeypatch):
+    recorder = node.process(502)
+    logged = []
+    monkeypatch.setattr("loguru.logger.warning", lambda message, **fields: logged.append(message))
+    monkeypatch.setattr("loguru.logger.info", lambda message, **fields: logged.append(message))
+    real_fallocate = os.posix_fallocate
+    full = True
+
+    def fallocate(fd, offset, length):
+        if full:
+            raise OSError(28, "No space left on device")
+        real_fallocate(fd, offset, length)
+
+    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    for _ in range(3):
+        recorder.scan(0.1)
+        recorder.flush()
+    assert logged == ["Metrics cannot be recorded; continuing without them"]
+    assert node.files() == [], "no file is left that was never allocated"
+    full = False
+    recorder.scan(0.2)
+    recorder.flush()
+    assert logged[1:] == ["Metrics recorded again"]
+    for path in node.directory.iterdir():
+        # Every byte of the file has its block: st_blocks counts 512-byte units.
+        assert path.stat().st_blocks * 512 >= path.stat().st_size, path
+    # A file that must grow gets its new space first: refused, the file and its values stay as they were.
+    full = True
+    before = {path.name: path.stat().st_size for path in node.directory.iterdir()}
+    for index in range(2000):
+        recorder.rbln_smi(f"command-{index}", 0.1, ok=False)
+    recorder.flush()
+    assert {path.name: path.stat().st_size for path in node.directory.iterdir()} == before
+    assert logged[2:] == ["Metrics cannot be recorded; continuing without them"]
 
 
 def test_metrics_off_and_the_workers_without_devices_never_load_prometheus_client(tmp_path):

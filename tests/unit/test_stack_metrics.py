@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -175,16 +176,83 @@ def test_a_failing_collection_is_a_500_and_the_server_goes_on():
         server.stop()
 
 
-def test_a_client_that_sends_nothing_holds_the_server_only_until_its_timeout(monkeypatch):
-    monkeypatch.setattr("kubelet_watchdog.metrics_server._Handler.timeout", 0.3)
+def test_scrapes_back_to_back_share_one_collection_a_second_in_each_format(monkeypatch):
+    class Counting:
+        def __init__(self):
+            self.collections = 0
+
+        def collect(self):
+            self.collections += 1
+            return []
+
+    counting = Counting()
+    server = serve(counting)
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        for _ in range(5):
+            get(url).read()
+        get(url, **{"Accept-Encoding": "gzip"}).read()
+        assert counting.collections == 2
+        monkeypatch.setattr("kubelet_watchdog.metrics_server.PAGE_REUSE_SECONDS", 0.0)
+        get(url).read()
+        assert counting.collections == 3
+    finally:
+        server.stop()
+
+
+def test_silent_and_dripping_clients_delay_no_scrape_and_are_cut_off_at_their_deadline(monkeypatch):
+    monkeypatch.setattr("kubelet_watchdog.metrics_server.CONNECTION_DEADLINE", 0.5)
     server = serve()
     try:
-        with socket.create_connection(("127.0.0.1", server.port)) as silent:
-            silent.settimeout(5)
-            # Served one at a time: this scrape waits for the silent client to be cut off.
+        with socket.create_connection(("127.0.0.1", server.port)) as silent, \
+                socket.create_connection(("127.0.0.1", server.port)) as dripping:
+            dripping.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
             with get(f"http://127.0.0.1:{server.port}/metrics") as answer:
                 assert answer.status == 200
-            assert silent.recv(1024) == b"", "the server closed the silent connection without an answer"
+            started = time.monotonic()
+            for client in (silent, dripping):
+                client.settimeout(5)
+                dripping.sendall(b"a")
+                assert client.recv(1024) == b"", "closed without an answer"
+            assert time.monotonic() - started < 3
+    finally:
+        server.stop()
+
+
+def test_a_full_port_closes_its_least_recently_active_connection_for_a_new_one(monkeypatch):
+    monkeypatch.setattr("kubelet_watchdog.metrics_server.MAX_CONNECTIONS", 2)
+    server = serve()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as oldest, \
+                socket.create_connection(("127.0.0.1", server.port)) as newer:
+            deadline = time.monotonic() + 5
+            while len(server.table) < 2:
+                assert time.monotonic() < deadline, "both idle connections accepted"
+                time.sleep(0.01)
+            with get(f"http://127.0.0.1:{server.port}/metrics") as answer:
+                assert answer.status == 200
+            oldest.settimeout(5)
+            assert oldest.recv(10) == b""
+            newer.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                newer.recv(10)
+        assert server.table.evicted == 1
+    finally:
+        server.stop()
+
+
+def test_oversized_and_malformed_requests_get_an_error_and_the_connection_closes():
+    server = serve()
+    try:
+        for request, status in ((b"GET /metrics HTTP/1.0\r\nX: " + b"a" * 9000, b"431"),
+                                (b"BREW /metrics HTTP/1.0\r\n\r\n", b"501"),
+                                (b"nonsense\r\n\r\n", b"400")):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
+                client.sendall(request)
+                answer = b""
+                while chunk := client.recv(65536):
+                    answer += chunk
+            assert answer.split()[1] == status, answer[:80]
     finally:
         server.stop()
 

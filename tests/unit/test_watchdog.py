@@ -64,6 +64,33 @@ def test_not_live_when_the_scanner_is_stuck():
     assert not verdict.ok and "old" in verdict.reason
 
 
+def test_a_read_only_run_dir_leaves_the_scanner_unjudged_but_not_the_programs(short_tmp, monkeypatch):
+    programs = running()
+    stale = scanner_status(programs, monotonic=10.0)
+    assert liveness(programs, stale, now_monotonic=26.0, scan_interval=5, status_writable=False).ok
+    stopped = running(scanner="BACKOFF")
+    assert not liveness(stopped, stale, now_monotonic=26.0, scan_interval=5, status_writable=False).ok
+
+    monkeypatch.setenv("KUBELET_DEVICE_PLUGIN_PATH", str(short_tmp))
+    monkeypatch.setenv("RBLN_DEVICE_PLUGIN_RUN_DIR", str(short_tmp))
+    logged = []
+    monkeypatch.setattr("kubelet_watchdog.main.logger.warning", lambda message, **fields: logged.append(message))
+    monkeypatch.setattr("kubelet_watchdog.main.logger.info", lambda message, **fields: logged.append(message))
+    watchdog = Watchdog(Settings.from_environ(), UnreachableSupervisor(), HealthEndpoint(-1, None), None, None)
+    real_statvfs = os.statvfs
+    read_only = {"on": True}
+
+    class ReadOnly:
+        def __init__(self, result):
+            self.f_flag = result.f_flag | (os.ST_RDONLY if read_only["on"] else 0)
+
+    monkeypatch.setattr("kubelet_watchdog.main.os.statvfs", lambda path: ReadOnly(real_statvfs(path)))
+    assert [watchdog._run_dir_writable() for _ in range(3)] == [False] * 3
+    read_only["on"] = False
+    assert watchdog._run_dir_writable()
+    assert logged == ["Run dir is read-only; liveness judges program states only", "Run dir writable again"]
+
+
 def test_a_just_started_scanner_gets_three_intervals_of_grace():
     programs = running()
     assert liveness(programs, None, now_monotonic=0, scan_interval=5).ok
@@ -374,3 +401,22 @@ def test_a_shutdown_signal_is_logged_by_name_and_wakes_select(signum):
     assert [(r["msg"], r["signal"]) for r in records if r["msg"] == "Shutdown signal received"] == \
         [("Shutdown signal received", signum.name)]
     assert out.splitlines()[-1] == f"{signum.name} ['listener']"
+
+
+def test_a_health_service_that_cannot_start_is_stopped_and_tried_again_at_the_next_check():
+    class FailingFirst(RecordingHealthServer):
+        starts = 0
+
+        def start(self):
+            FailingFirst.starts += 1
+            if FailingFirst.starts == 1:
+                raise RuntimeError("Failed to bind to address unix:/run/x/health.sock")
+
+        def stop(self):
+            self.stopped = True
+
+    servers = []
+    endpoint = HealthEndpoint(0, lambda port: servers.append(FailingFirst(port)) or servers[-1])
+    endpoint.set(True, True)
+    endpoint.set(True, True)
+    assert len(servers) == 2 and servers[0].stopped and servers[1].states == [(True, True)]

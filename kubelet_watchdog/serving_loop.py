@@ -1,0 +1,186 @@
+"""The watchdog's one event loop for its two ports (the health service and /metrics), and what every
+connection to them is held to (docs/security.md#the-ports).
+
+Anything that can reach the pod's IP can open connections to both ports, so no client gets a thread, a
+call slot or time of its own: each connection is a few objects of this loop, and
+- it must be done within a total deadline from its accept, however it trickles its bytes in or reads
+  the answer: then it is closed, whatever it is doing;
+- a port holds a bounded number of connections; when it is full, the least recently active connection
+  (the longest silent) is closed to admit the new one, so that a fresh probe always gets in: holding the
+  port takes opening connections faster than the probe does, and each one is gone by its deadline.
+
+The loop sleeps in epoll without a timeout when no connection is open: an idle node pays nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import random
+import resource
+import socket
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from loguru import logger
+
+T = TypeVar("T")
+# Descriptors the process keeps for everything else (files, supervisord, inotify, grpc's own).
+_RESERVED_DESCRIPTORS = 256
+_CALL_TIMEOUT_SECONDS = 10.0
+# Connections the kernel keeps waiting for an accept (capped by net.core.somaxconn, 4096 by default): a
+# burst of reconnecting clients must not drop a probe's SYN, whose retransmission comes a second later.
+LISTEN_BACKLOG = 4096
+# Each connection's deadline is shortened by up to this share, at random: connections opened together
+# (a thousand held by one client) then end spread over a second instead of all at once, and so do their
+# reopenings, which would otherwise arrive as one burst.
+DEADLINE_SPREAD = 0.2
+
+
+class ServingLoop:
+    """An asyncio loop in a thread of its own; `call` runs a coroutine on it from any other thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
+        self._thread.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(_CALL_TIMEOUT_SECONDS)
+
+
+_shared: ServingLoop | None = None
+# Guards `_shared`, made by the first server to need it.
+_shared_lock = threading.Lock()
+
+
+def shared_loop() -> ServingLoop:
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ServingLoop()
+        return _shared
+
+
+def descriptor_room(wanted: int) -> int:
+    """Descriptors this process may open for connections, at most `wanted`: the soft limit is raised
+    towards the hard one first, so that a full port closes its oldest connection instead of failing its
+    accepts (asyncio then stops accepting for a second)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + _RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    return wanted if soft == resource.RLIM_INFINITY else min(wanted, max(16, soft - _RESERVED_DESCRIPTORS))
+
+
+class ConnectionTable:
+    """The open connections of one port, least recently active first; admitting one into a full table
+    closes the first."""
+
+    def __init__(self, name: str, limit: int):
+        self._name = name
+        self.limit = limit
+        # Only touched on the loop's thread.
+        self._open: collections.OrderedDict[GuardedConnection, None] = collections.OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, connection: GuardedConnection) -> None:
+        while len(self._open) >= self.limit:
+            oldest, _ = self._open.popitem(last=False)
+            oldest.close()
+            if not self.evicted:
+                logger.warning("Connection limit reached; closing the least recently active connections",
+                               port=self._name, limit=self.limit)
+            self.evicted += 1
+        self._open[connection] = None
+
+    def touch(self, connection: GuardedConnection) -> None:
+        if connection in self._open:
+            self._open.move_to_end(connection)
+
+    def remove(self, connection: GuardedConnection) -> None:
+        self._open.pop(connection, None)
+
+
+class GuardedConnection(asyncio.Protocol):
+    """A connection of a `ConnectionTable`, closed `deadline` seconds after its accept at the latest
+    (`DEADLINE_SPREAD`)."""
+
+    def __init__(self, table: ConnectionTable, deadline: float):
+        self._table = table
+        self._deadline_seconds = deadline
+        self.transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._table.admit(self)
+        deadline = self._deadline_seconds * (1 - DEADLINE_SPREAD * random.random())
+        self._deadline = asyncio.get_running_loop().call_later(deadline, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        self._table.touch(self)
+        self.received(data)
+
+    def received(self, data: bytes) -> None:
+        """What the client sent."""
+
+    def close(self) -> None:
+        """Closes at once, whatever is still to be written: the client had its time."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._table.remove(self)
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.lost()
+
+    def lost(self) -> None:
+        """The connection is closed, by either side."""
+
+
+async def serve(protocol_factory: Callable[[], asyncio.Protocol], sock: socket.socket) -> asyncio.Server:
+    """`sock` served on the running loop (asyncio sets the socket's backlog again: to LISTEN_BACKLOG)."""
+    return await asyncio.get_running_loop().create_server(protocol_factory, sock=sock, backlog=LISTEN_BACKLOG)
+
+
+def listening_socket(port: int) -> socket.socket:
+    """A socket listening on `port` of every interface: IPv6 and IPv4 at once, IPv4 alone where IPv6 is
+    off (as Go's ":port" listens). No SO_REUSEPORT: a second server on the port must fail to bind instead
+    of silently answering half of the clients."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and without it a reply
+            # relayed in two writes waits out the client's delayed ACK (40 ms).
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                continue
+            raise
+        try:
+            # A restarted watchdog binds again while the old connections linger in TIME_WAIT.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((address, port))
+            sock.listen(LISTEN_BACKLOG)
+        except OSError as exc:
+            sock.close()
+            if family == socket.AF_INET6 and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                continue
+            raise
+        sock.setblocking(False)
+        return sock
+    raise AssertionError("unreachable")
