@@ -36,7 +36,6 @@ from kubelet_watchdog.serving_loop import (
     ConnectionTable,
     GuardedConnection,
     ServingLoop,
-    descriptor_room,
     listening_socket,
     serve,
     shared_loop,
@@ -161,12 +160,13 @@ class MetricsServer:
     def __init__(self, port: int, registry: CollectorRegistry, loop: ServingLoop | None = None):
         self._registry = registry
         self._loop = loop or shared_loop()
-        self.table = ConnectionTable("metrics", descriptor_room(MAX_CONNECTIONS))
         # Collections run here, one at a time, off the loop: reading the value files takes milliseconds
         # that probes must not wait for. Its thread starts with the first scrape.
         self._collector = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-collect")
         self._socket = listening_socket(port)
         self.port = self._socket.getsockname()[1]
+        # After the socket: a port that cannot be bound claims no descriptors.
+        self.table = ConnectionTable("metrics", MAX_CONNECTIONS)
         self._listener: asyncio.Server | None = None
         # The last page of each format (content type, gzipped), when its collection started; one entry per
         # format the encoders know, whatever clients ask. Only touched on the loop's thread.
@@ -215,6 +215,7 @@ class MetricsServer:
         self._socket.close()
         # A collection in progress ends by itself; the process does not wait for it.
         self._collector.shutdown(wait=False)
+        self.table.release()
 
 
 class MetricsEndpoint:
