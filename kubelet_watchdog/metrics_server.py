@@ -114,7 +114,12 @@ class _Request(GuardedConnection):
         if parts[0] != b"GET":
             self._answer(_error(501, "only GET is served here"))
             return
-        if urllib.parse.urlsplit(parts[1].decode("latin-1")).path != PATH:
+        try:
+            path = urllib.parse.urlsplit(parts[1].decode("latin-1")).path
+        except ValueError:  # e.g. "http://[": unanswered, it would fail the task and log its traceback
+            self._answer(_error(400, "malformed request target"))
+            return
+        if path != PATH:
             self._answer(_error(404, f"only {PATH} is served here"))
             return
         headers = _headers(header_lines)
