@@ -244,15 +244,19 @@ class MetricsEndpoint:
             self._listen()
 
     def _listen(self) -> None:
+        server = None
         try:
-            self._server = MetricsServer(self._port, self._registry)
-        except OSError as exc:
+            server = MetricsServer(self._port, self._registry)
+            server.start()
+        except OSError as exc:  # TimeoutError too: the serving loop did not start it in time
+            if server is not None:
+                server.stop()  # the port it holds, to be bound again at the next update
             if not self._failure_logged:
                 logger.error("Metrics endpoint cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
             return
-        self._server.start()
-        logger.info("Metrics endpoint listening", port=self._server.port, path=PATH)
+        self._server = server
+        logger.info("Metrics endpoint listening", port=server.port, path=PATH)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -18,6 +18,7 @@ from kubelet_watchdog.probes import current_status
 from kubelet_watchdog.stack_metrics import StackView, state_samples, status_label
 from shared.metrics import STATE_FAMILIES
 from shared.resources import Resource
+from tests.integration.test_supervision import free_port
 from tests.unit.test_metrics import scrape, value
 from tests.unit.test_watchdog import running, scanner_status, worker_status
 
@@ -277,6 +278,31 @@ def test_an_endpoint_whose_port_is_taken_retries_at_each_update(tmp_path, monkey
     endpoint.update(view)
     try:
         assert logged[-1] == "Metrics endpoint listening"
+        with get(f"http://127.0.0.1:{port}/metrics") as answer:
+            assert b"rbln_device_plugin_ready 1.0" in answer.read()
+    finally:
+        endpoint.stop()
+
+
+def test_an_endpoint_whose_server_fails_to_start_frees_its_port_and_retries_at_the_next_update(tmp_path,
+                                                                                              monkeypatch):
+    port = free_port()
+    real_start = MetricsServer._start
+    starts = []
+
+    async def failing_first(self):
+        starts.append(self.port)
+        if len(starts) == 1:
+            raise OSError("the loop could not serve the socket")
+        await real_start(self)
+
+    monkeypatch.setattr(MetricsServer, "_start", failing_first)
+    endpoint = MetricsEndpoint(port, tmp_path)
+    view = view_of(running(), None, {})
+    endpoint.update(view)  # the watchdog's check goes on: nothing raised
+    endpoint.update(view)  # the port was freed, so it is bound again
+    try:
+        assert starts == [port, port]
         with get(f"http://127.0.0.1:{port}/metrics") as answer:
             assert b"rbln_device_plugin_ready 1.0" in answer.read()
     finally:
