@@ -57,6 +57,30 @@ MAX_REQUEST_BYTES = 8 * 1024
 GZIP_LEVEL = 6
 
 
+# The formats a scrape is answered in: prometheus_client's encoders for the versions and escapings they
+# tell apart. choose_encoder echoes whatever version a client names into the content type (and raises
+# TypeError on one it cannot compare, "version=abc"), so its choice is taken only when it is one of these,
+# else the default text format: the pages kept, and the collections made, are per format, and an
+# attacker naming a new version at each scrape must get neither a new page nor a new collection.
+_ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
+_DEFAULT_FORMAT = choose_encoder("")
+_FORMATS = frozenset(
+    {_DEFAULT_FORMAT[1], choose_encoder("application/openmetrics-text")[1]}
+    | {choose_encoder(f"{kind}; version={version}; escaping={escaping}")[1]
+       for kind, version in (("text/plain", "1.0.0"), ("application/openmetrics-text", "1.0.0"),
+                             ("application/openmetrics-text", "2.0.0"))
+       for escaping in _ESCAPINGS})
+
+
+def answered_format(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """The encoder and content type `accept` is answered with: one of _FORMATS."""
+    try:
+        chosen = choose_encoder(accept)
+    except (TypeError, ValueError):
+        return _DEFAULT_FORMAT
+    return chosen if chosen[1] in _FORMATS else _DEFAULT_FORMAT
+
+
 def state_families(samples: Iterable[Sample]) -> list[Metric]:
     """prometheus_client families of `samples`, in the order of STATE_FAMILIES; one without samples is left
     out."""
@@ -193,7 +217,7 @@ class MetricsServer:
         """The answer to a scrape: a page collected for it, or one collected less than PAGE_REUSE_SECONDS ago
         (or being collected) in the same format, so that clients scraping back to back cost one collection
         a second between them."""
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = answered_format(accept)
         gzipped = gzip_accepted(accept_encoding)
         key = (content_type, gzipped)
         now = time.monotonic()

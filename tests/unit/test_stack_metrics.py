@@ -194,9 +194,19 @@ def test_scrapes_back_to_back_share_one_collection_a_second_in_each_format(monke
             get(url).read()
         get(url, **{"Accept-Encoding": "gzip"}).read()
         assert counting.collections == 2
+        # Versions no encoder tells apart, or that prometheus_client cannot even compare, are answered in
+        # the default format from its page: no new collection, no new page kept, no failed scrape.
+        for version in ("1.0.0.1", "99.0", "abc", "1.0.0-x"):
+            with get(url, Accept=f"application/openmetrics-text; version={version}") as answer:
+                assert answer.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+                answer.read()
+        assert counting.collections == 2 and len(server._pages) == 2
+        with get(url, Accept="application/openmetrics-text; version=1.0.0") as answer:
+            assert answer.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0;")
+        assert counting.collections == 3
         monkeypatch.setattr("kubelet_watchdog.metrics_server.PAGE_REUSE_SECONDS", 0.0)
         get(url).read()
-        assert counting.collections == 3
+        assert counting.collections == 4
     finally:
         server.stop()
 
