@@ -28,7 +28,6 @@ from kubelet_watchdog.serving_loop import (
     ConnectionTable,
     GuardedConnection,
     ServingLoop,
-    descriptor_room,
     listening_socket,
     serve,
     shared_loop,
@@ -44,9 +43,11 @@ _SERVICE = "grpc.health.v1.Health"
 HEALTH_BACKEND_SOCKET = "health.sock"
 # A probe is one call on a connection of its own, answered in a millisecond; the chart gives it 5 s.
 CONNECTION_DEADLINE = 5.0
-# Connections held at once; each one past it closes the least recently active. A relayed connection
-# uses two descriptors.
+# Connections held at once; each one past it closes the least recently active.
 MAX_CONNECTIONS = 2048
+# A relayed connection holds three descriptors of this process: the client's, the relay's and, gRPC
+# serving in this process, gRPC's end of the relay.
+_DESCRIPTORS_PER_CONNECTION = 3
 # What a client may send before the relay to gRPC is up (its preface and first frames are far less).
 _MAX_EARLY_BYTES = 64 * 1024
 # A request is a service name; a reply, one enum.
@@ -166,12 +167,13 @@ class HealthServer:
         self._statuses = _statuses(False, False)
         self._backend = backend
         self._loop = loop or shared_loop()
-        self.table = ConnectionTable("health", descriptor_room(2 * MAX_CONNECTIONS) // 2)
         self._grpc: grpc.aio.Server | None = None
         self._listener: asyncio.Server | None = None
-        # The socket first: a port that cannot be bound raises here, as the endpoint expects.
+        # The socket first: a port that cannot be bound raises here, as the endpoint expects, with no
+        # descriptors claimed.
         self._socket = listening_socket(port)
         self.port = self._socket.getsockname()[1]
+        self.table = ConnectionTable("health", MAX_CONNECTIONS, _DESCRIPTORS_PER_CONNECTION)
 
     async def _check(self, request: health_pb2.HealthCheckRequest,
                      context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
@@ -210,3 +212,4 @@ class HealthServer:
         self._loop.call(self._stop())
         self._socket.close()
         self._backend.unlink(missing_ok=True)
+        self.table.release()

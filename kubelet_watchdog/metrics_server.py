@@ -36,7 +36,6 @@ from kubelet_watchdog.serving_loop import (
     ConnectionTable,
     GuardedConnection,
     ServingLoop,
-    descriptor_room,
     listening_socket,
     serve,
     shared_loop,
@@ -56,6 +55,30 @@ PAGE_REUSE_SECONDS = 1.0
 MAX_REQUEST_BYTES = 8 * 1024
 # zlib's default: most of level 9's gain on a metrics page at a fraction of its CPU.
 GZIP_LEVEL = 6
+
+
+# The formats a scrape is answered in: prometheus_client's encoders for the versions and escapings they
+# tell apart. choose_encoder echoes whatever version a client names into the content type (and raises
+# TypeError on one it cannot compare, "version=abc"), so its choice is taken only when it is one of these,
+# else the default text format: the pages kept, and the collections made, are per format, and an
+# attacker naming a new version at each scrape must get neither a new page nor a new collection.
+_ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
+_DEFAULT_FORMAT = choose_encoder("")
+_FORMATS = frozenset(
+    {_DEFAULT_FORMAT[1], choose_encoder("application/openmetrics-text")[1]}
+    | {choose_encoder(f"{kind}; version={version}; escaping={escaping}")[1]
+       for kind, version in (("text/plain", "1.0.0"), ("application/openmetrics-text", "1.0.0"),
+                             ("application/openmetrics-text", "2.0.0"))
+       for escaping in _ESCAPINGS})
+
+
+def answered_format(accept: str) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """The encoder and content type `accept` is answered with: one of _FORMATS."""
+    try:
+        chosen = choose_encoder(accept)
+    except (TypeError, ValueError):
+        return _DEFAULT_FORMAT
+    return chosen if chosen[1] in _FORMATS else _DEFAULT_FORMAT
 
 
 def state_families(samples: Iterable[Sample]) -> list[Metric]:
@@ -115,7 +138,12 @@ class _Request(GuardedConnection):
         if parts[0] != b"GET":
             self._answer(_error(501, "only GET is served here"))
             return
-        if urllib.parse.urlsplit(parts[1].decode("latin-1")).path != PATH:
+        try:
+            path = urllib.parse.urlsplit(parts[1].decode("latin-1")).path
+        except ValueError:  # e.g. "http://[": unanswered, it would fail the task and log its traceback
+            self._answer(_error(400, "malformed request target"))
+            return
+        if path != PATH:
             self._answer(_error(404, f"only {PATH} is served here"))
             return
         headers = _headers(header_lines)
@@ -161,12 +189,13 @@ class MetricsServer:
     def __init__(self, port: int, registry: CollectorRegistry, loop: ServingLoop | None = None):
         self._registry = registry
         self._loop = loop or shared_loop()
-        self.table = ConnectionTable("metrics", descriptor_room(MAX_CONNECTIONS))
         # Collections run here, one at a time, off the loop: reading the value files takes milliseconds
         # that probes must not wait for. Its thread starts with the first scrape.
         self._collector = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-collect")
         self._socket = listening_socket(port)
         self.port = self._socket.getsockname()[1]
+        # After the socket: a port that cannot be bound claims no descriptors.
+        self.table = ConnectionTable("metrics", MAX_CONNECTIONS)
         self._listener: asyncio.Server | None = None
         # The last page of each format (content type, gzipped), when its collection started; one entry per
         # format the encoders know, whatever clients ask. Only touched on the loop's thread.
@@ -188,7 +217,7 @@ class MetricsServer:
         """The answer to a scrape: a page collected for it, or one collected less than PAGE_REUSE_SECONDS ago
         (or being collected) in the same format, so that clients scraping back to back cost one collection
         a second between them."""
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = answered_format(accept)
         gzipped = gzip_accepted(accept_encoding)
         key = (content_type, gzipped)
         now = time.monotonic()
@@ -215,6 +244,7 @@ class MetricsServer:
         self._socket.close()
         # A collection in progress ends by itself; the process does not wait for it.
         self._collector.shutdown(wait=False)
+        self.table.release()
 
 
 class MetricsEndpoint:
@@ -238,15 +268,19 @@ class MetricsEndpoint:
             self._listen()
 
     def _listen(self) -> None:
+        server = None
         try:
-            self._server = MetricsServer(self._port, self._registry)
-        except OSError as exc:
+            server = MetricsServer(self._port, self._registry)
+            server.start()
+        except OSError as exc:  # TimeoutError too: the serving loop did not start it in time
+            if server is not None:
+                server.stop()  # the port it holds, to be bound again at the next update
             if not self._failure_logged:
                 logger.error("Metrics endpoint cannot listen; retrying", port=self._port, err=str(exc))
                 self._failure_logged = True
             return
-        self._server.start()
-        logger.info("Metrics endpoint listening", port=self._server.port, path=PATH)
+        self._server = server
+        logger.info("Metrics endpoint listening", port=server.port, path=PATH)
 
     def stop(self) -> None:
         if self._server is not None:

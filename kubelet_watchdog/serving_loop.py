@@ -29,6 +29,8 @@ from loguru import logger
 T = TypeVar("T")
 # Descriptors the process keeps for everything else (files, supervisord, inotify, grpc's own).
 _RESERVED_DESCRIPTORS = 256
+# What a port has at least, whatever the limit: a probe must still get in.
+_MIN_PORT_DESCRIPTORS = 16
 _CALL_TIMEOUT_SECONDS = 10.0
 # Connections the kernel keeps waiting for an accept (capped by net.core.somaxconn, 4096 by default): a
 # burst of reconnecting clients must not drop a probe's SYN, whose retransmission comes a second later.
@@ -52,7 +54,9 @@ class ServingLoop:
 
 
 _shared: ServingLoop | None = None
-# Guards `_shared`, made by the first server to need it.
+# Descriptors the ports' connection tables hold between them (ConnectionTable).
+_claimed_descriptors = 0
+# Guards `_shared`, made by the first server to need it, and `_claimed_descriptors`.
 _shared_lock = threading.Lock()
 
 
@@ -64,32 +68,51 @@ def shared_loop() -> ServingLoop:
         return _shared
 
 
-def descriptor_room(wanted: int) -> int:
-    """Descriptors this process may open for connections, at most `wanted`: the soft limit is raised
-    towards the hard one first, so that a full port closes its oldest connection instead of failing its
-    accepts (asyncio then stops accepting for a second)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = wanted + _RESERVED_DESCRIPTORS
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-        except (ValueError, OSError):
-            pass
-    return wanted if soft == resource.RLIM_INFINITY else min(wanted, max(16, soft - _RESERVED_DESCRIPTORS))
+def _claim_descriptors(wanted: int) -> int:
+    """Descriptors one port may have for its connections, at most `wanted`, out of what the other ports
+    have not claimed: the ports share the process's limit. The soft limit is raised towards the hard one
+    first, so that a full port closes its oldest connection instead of failing its accepts (asyncio then
+    stops accepting for a second, and every other open of the process fails too: status files, supervisord)."""
+    global _claimed_descriptors
+    with _shared_lock:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        needed = _claimed_descriptors + wanted + _RESERVED_DESCRIPTORS
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            raised = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (ValueError, OSError):
+                pass
+        room = wanted if soft == resource.RLIM_INFINITY else min(
+            wanted, max(_MIN_PORT_DESCRIPTORS, soft - _RESERVED_DESCRIPTORS - _claimed_descriptors))
+        _claimed_descriptors += room
+        return room
+
+
+def _release_descriptors(count: int) -> None:
+    global _claimed_descriptors
+    with _shared_lock:
+        _claimed_descriptors -= count
 
 
 class ConnectionTable:
     """The open connections of one port, least recently active first; admitting one into a full table
-    closes the first."""
+    closes the first. Its room (`limit`) is claimed from the process's descriptors, `descriptors_each` per
+    connection, until `release`."""
 
-    def __init__(self, name: str, limit: int):
+    def __init__(self, name: str, limit: int, descriptors_each: int = 1):
         self._name = name
-        self.limit = limit
+        self._descriptors = _claim_descriptors(limit * descriptors_each)
+        self.limit = max(1, self._descriptors // descriptors_each)
         # Only touched on the loop's thread.
         self._open: collections.OrderedDict[GuardedConnection, None] = collections.OrderedDict()
         self.evicted = 0
+
+    def release(self) -> None:
+        """The descriptors back to the process, once the port is closed."""
+        _release_descriptors(self._descriptors)
+        self._descriptors = 0
 
     def __len__(self) -> int:
         return len(self._open)

@@ -253,7 +253,21 @@ def test_a_missing_or_non_directory_cdi_root_is_not_fatal(short_tmp):
 
 # --- Hostile sysfs, as a seeded family (simulator/hostile.py) ----------------------------------------
 
-@pytest.mark.parametrize("seed", range(16))
+# Seeds whose families, between them, damage every target the scanner reads in every way (the first 16
+# left a FIFO in place of a status or numa_node file untried).
+HOSTILE_SEEDS = range(34)
+
+
+def test_the_seeds_damage_every_target_in_every_way(short_tmp):
+    tried = set()
+    for seed in HOSTILE_SEEDS:
+        node = build_node(short_tmp / f"node-{seed}", hostile.hostile_node_spec())
+        tried |= {(h.target, h.kind) for h in hostile.family(node, seed, count=4)}
+    assert tried == {(target, kind) for device in node.devices() for target in hostile.targets_of(node, device)
+                     for kind in hostile.Kind}
+
+
+@pytest.mark.parametrize("seed", HOSTILE_SEEDS)
 def test_a_seeded_family_of_hostile_sysfs_entries_costs_each_damaged_device_one_named_reason(short_tmp, seed):
     node = build_node(short_tmp / "node", hostile.hostile_node_spec())
     clean = advertised(scan_node(node))

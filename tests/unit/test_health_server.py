@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import socket
 import threading
 import time
@@ -10,9 +11,11 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.registry import CollectorRegistry
 
-from kubelet_watchdog import health_server
+from kubelet_watchdog import health_server, metrics_server, serving_loop
 from kubelet_watchdog.health_server import HealthServer
+from kubelet_watchdog.metrics_server import MetricsServer
 from kubelet_watchdog.serving_loop import listening_socket, shared_loop
 from tests.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowConnection
 
@@ -134,3 +137,30 @@ def test_a_burst_of_connections_waits_in_the_kernel_while_the_loop_is_busy(serve
     finally:
         for sock in burst:
             sock.close()
+
+
+@pytest.fixture
+def container_limit():
+    """The soft descriptor limit a container commonly starts with (1024), the hard one left as it is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_both_ports_full_fit_the_descriptor_limit_together_and_give_their_room_back(container_limit, serve):
+    """A relayed health connection holds three descriptors (the client's, the relay's, gRPC's end of it):
+    both ports full, with the process's own, must stay within the limit, or accepts fail with EMFILE (asyncio
+    then stops accepting for a second) and so do the watchdog's own opens."""
+    health = serve()
+    metrics = MetricsServer(0, CollectorRegistry())
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert health.table.limit * 3 + metrics.table.limit + serving_loop._RESERVED_DESCRIPTORS <= soft
+        if hard == resource.RLIM_INFINITY or hard >= 3 * health_server.MAX_CONNECTIONS + 2048:
+            assert health.table.limit == health_server.MAX_CONNECTIONS  # the soft limit was raised for both
+            assert metrics.table.limit == metrics_server.MAX_CONNECTIONS
+    finally:
+        metrics.stop()
+    health.stop()
+    assert serve().table.limit == health.table.limit, "the stopped servers gave their room back"

@@ -18,6 +18,7 @@ from kubelet_watchdog.probes import current_status
 from kubelet_watchdog.stack_metrics import StackView, state_samples, status_label
 from shared.metrics import STATE_FAMILIES
 from shared.resources import Resource
+from tests.integration.test_supervision import free_port
 from tests.unit.test_metrics import scrape, value
 from tests.unit.test_watchdog import running, scanner_status, worker_status
 
@@ -193,9 +194,19 @@ def test_scrapes_back_to_back_share_one_collection_a_second_in_each_format(monke
             get(url).read()
         get(url, **{"Accept-Encoding": "gzip"}).read()
         assert counting.collections == 2
+        # Versions no encoder tells apart, or that prometheus_client cannot even compare, are answered in
+        # the default format from its page: no new collection, no new page kept, no failed scrape.
+        for version in ("1.0.0.1", "99.0", "abc", "1.0.0-x"):
+            with get(url, Accept=f"application/openmetrics-text; version={version}") as answer:
+                assert answer.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+                answer.read()
+        assert counting.collections == 2 and len(server._pages) == 2
+        with get(url, Accept="application/openmetrics-text; version=1.0.0") as answer:
+            assert answer.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0;")
+        assert counting.collections == 3
         monkeypatch.setattr("kubelet_watchdog.metrics_server.PAGE_REUSE_SECONDS", 0.0)
         get(url).read()
-        assert counting.collections == 3
+        assert counting.collections == 4
     finally:
         server.stop()
 
@@ -246,7 +257,9 @@ def test_oversized_and_malformed_requests_get_an_error_and_the_connection_closes
     try:
         for request, status in ((b"GET /metrics HTTP/1.0\r\nX: " + b"a" * 9000, b"431"),
                                 (b"BREW /metrics HTTP/1.0\r\n\r\n", b"501"),
-                                (b"nonsense\r\n\r\n", b"400")):
+                                (b"nonsense\r\n\r\n", b"400"),
+                                # a target urllib refuses (an unclosed IPv6 host): an answer, not a task failing
+                                (b"GET http://[ HTTP/1.0\r\n\r\n", b"400")):
             with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
                 client.sendall(request)
                 answer = b""
@@ -275,6 +288,31 @@ def test_an_endpoint_whose_port_is_taken_retries_at_each_update(tmp_path, monkey
     endpoint.update(view)
     try:
         assert logged[-1] == "Metrics endpoint listening"
+        with get(f"http://127.0.0.1:{port}/metrics") as answer:
+            assert b"rbln_device_plugin_ready 1.0" in answer.read()
+    finally:
+        endpoint.stop()
+
+
+def test_an_endpoint_whose_server_fails_to_start_frees_its_port_and_retries_at_the_next_update(tmp_path,
+                                                                                              monkeypatch):
+    port = free_port()
+    real_start = MetricsServer._start
+    starts = []
+
+    async def failing_first(self):
+        starts.append(self.port)
+        if len(starts) == 1:
+            raise OSError("the loop could not serve the socket")
+        await real_start(self)
+
+    monkeypatch.setattr(MetricsServer, "_start", failing_first)
+    endpoint = MetricsEndpoint(port, tmp_path)
+    view = view_of(running(), None, {})
+    endpoint.update(view)  # the watchdog's check goes on: nothing raised
+    endpoint.update(view)  # the port was freed, so it is bound again
+    try:
+        assert starts == [port, port]
         with get(f"http://127.0.0.1:{port}/metrics") as answer:
             assert b"rbln_device_plugin_ready 1.0" in answer.read()
     finally:
