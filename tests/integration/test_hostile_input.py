@@ -154,8 +154,9 @@ def footprint_violations(served: Served) -> list[str]:
     node = served.node
     own = [node.run_dir, node.cdi_root, node.lock_file, node.plugin_dir, node.log_dir]
     std_streams = ["/dev/stdout", "/dev/stderr", "/dev/null"]
-    readable = [node.sysfs_root, node.dev_root, *own, *_code_roots(), served.audit_dir.parent / "hook", "/proc",
-                *std_streams, "/dev/urandom"]
+    # The other CDI spec dir is only read: the scanner checks whether a spec there resolves the annotation.
+    readable = [node.sysfs_root, node.dev_root, *own, node.static_cdi_dir, *_code_roots(),
+                served.audit_dir.parent / "hook", "/proc", *std_streams, "/dev/urandom"]
     writable = [*own, *std_streams]
     ancestors = {str(p) for root in own for p in root.parents}  # mkdir(parents=True) walks these
     runnable = {str(node.rbln_smi), sys.executable, os.path.realpath(sys.executable), "/sbin/ldconfig"}
