@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shared.programs import PROGRAMS, SCANNER
+from shared.programs import PROGRAMS, SCANNER, WORKER_DRA
 from shared.resources import Resource
 
 # The scanner publishes every interval; three missed publications mean it is stuck.
@@ -29,8 +29,9 @@ class Verdict:
 
 
 def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
-             now_monotonic: float, scan_interval: float) -> Verdict:
-    for name in PROGRAMS:
+             now_monotonic: float, scan_interval: float, expected: tuple[str, ...] = PROGRAMS) -> Verdict:
+    """`expected`: the programs of the stack's mode (shared.programs.programs_for)."""
+    for name in expected:
         state = programs.get(name, {}).get("statename", "ABSENT")
         if state != "RUNNING":
             return Verdict(False, f"{name} is {state}")
@@ -52,6 +53,11 @@ def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, A
               workers: Mapping[str, Mapping[str, Any] | None]) -> Verdict:
     if scanner is None:
         return Verdict(False, "no scan yet")
+    if WORKER_DRA in workers:
+        dra = current_status(workers[WORKER_DRA], programs, WORKER_DRA)
+        if dra is None or not dra.get("registered"):
+            return Verdict(False, f"{WORKER_DRA} is not registered with the kubelet")
+        return Verdict(True, f"{WORKER_DRA} registered")
     counts = scanner.get("resources", {})
     for resource in Resource:
         if not counts.get(resource.value):

@@ -90,8 +90,17 @@ SCAN_DURATION = Family("rbln_device_plugin_scan_duration_seconds", Kind.HISTOGRA
                        "Time of one scan of the node (rbln-smi and sysfs)", (), _TOOL_BUCKETS)
 KUBELET_RESTARTS = Family("rbln_device_plugin_kubelet_restarts_total", Kind.COUNTER,
                           "Kubelet restarts noticed (kubelet.sock created anew), each followed by new registrations")
+DRA_PREPARES = Family("rbln_device_plugin_dra_prepares_total", Kind.COUNTER,
+                      "Claims of NodePrepareResources calls answered by worker-dra, by result", ("result",))
+DRA_PREPARE_DURATION = Family("rbln_device_plugin_dra_prepare_duration_seconds", Kind.HISTOGRAM,
+                              "Time from the start of a NodePrepareResources call until each of its claims was "
+                              "answered", (), _ALLOCATE_BUCKETS)
+DRA_SLICE_PUBLISHES = Family("rbln_device_plugin_dra_slice_publishes_total", Kind.COUNTER,
+                             "ResourceSlice reconciliations that changed the API server, or failed, by result",
+                             ("result",))
 EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
-                  RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS)
+                  RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS, DRA_PREPARES,
+                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES)
 
 # State families.
 DEVICES = Family("rbln_device_plugin_devices", Kind.GAUGE,
@@ -112,8 +121,10 @@ READY = Family("rbln_device_plugin_ready", Kind.GAUGE,
 CDI_SPEC_RESOLVABLE = Family("rbln_device_plugin_cdi_spec_resolvable", Kind.GAUGE,
                              "1 while a CDI spec in the spec dirs resolves rebellions.ai/npu=runtime, the device "
                              "the Allocate annotation names")
+DRA_PREPARED_CLAIMS = Family("rbln_device_plugin_dra_prepared_claims", Kind.GAUGE,
+                             "ResourceClaims worker-dra holds prepared (its checkpoint)")
 STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY,
-                  CDI_SPEC_RESOLVABLE)
+                  CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS)
 
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 
@@ -242,6 +253,20 @@ class Recorder:
                 f[PREFERRED_ALLOCATION_FALLBACKS].labels(resource).inc(fallbacks)
 
         self._record(work)
+
+    def prepares(self, result: Result, seconds: float) -> None:
+        """One claim of a NodePrepareResources call, answered `seconds` after the call began."""
+        def work(f: dict[Family, Any]) -> None:
+            f[DRA_PREPARES].labels(result.value).inc()
+            f[DRA_PREPARE_DURATION].observe(seconds)
+
+        self._record(work)
+
+    def slice_publish(self, ok: bool) -> None:
+        """A reconciliation of the ResourceSlices that changed them, or failed; written at once (the publisher's
+        thread is the one place it happens)."""
+        self._record(lambda f: f[DRA_SLICE_PUBLISHES].labels((Result.SUCCESS if ok else Result.FAILURE).value).inc())
+        self.flush()
 
     def kubelet_restart(self) -> None:
         self._record(lambda f: f[KUBELET_RESTARTS].inc())

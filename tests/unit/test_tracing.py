@@ -1,4 +1,4 @@
-"""Allocation tracing (resource_worker.tracing) with an in-memory exporter; the OTLP path is in
+"""Allocation tracing (shared.tracing) with an in-memory exporter; the OTLP path is in
 tests/integration/test_observability.py."""
 
 import subprocess
@@ -10,8 +10,8 @@ from loguru import logger
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from resource_worker import tracing
 from resource_worker.allocation import AllocationError, ErrorKind
+from shared import tracing
 
 NPU = "rebellions.ai/npu"
 
@@ -51,7 +51,7 @@ def test_without_an_endpoint_the_sdk_is_never_imported():
     code = """
 import sys
 import resource_worker.main
-from resource_worker.tracing import setup_tracing
+from shared.tracing import setup_tracing
 for endpoint in ("", "not an endpoint"):
     tracer = setup_tracing(endpoint, "1.0", "node-a")
     with tracer.allocate("rebellions.ai/npu") as trace:
