@@ -64,7 +64,7 @@ def _slice(body: Json) -> Any:
 
 class KubeApi:
     def __init__(self, kubeconfig: pathlib.Path | None, sleep: Callable[[float], None] = time.sleep,
-                 request_timeout: float = 10.0):
+                 clock: Callable[[], float] = time.monotonic, request_timeout: float = 10.0):
         import httpx2
         from lightkube import Client, KubeConfig
         from lightkube.config.kubeconfig import SingleConfig
@@ -74,6 +74,7 @@ class KubeApi:
         self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
                               trust_env=False)
         self._sleep = sleep
+        self._clock = clock
 
     def _call(self, what: str, work: Callable[[], T], deadline: float) -> T:
         """`work()`, retried with backoff while it fails for a passing reason and time remains."""
@@ -86,46 +87,46 @@ class KubeApi:
                 if failure.status is not None and failure.status not in _RETRIABLE_STATUS:
                     raise failure from None
                 pause = backoff.pause()
-                if time.monotonic() + pause > deadline:
+                if self._clock() + pause > deadline:
                     raise failure from None
                 self._sleep(pause)
 
     def get_claim(self, namespace: str, name: str, timeout: float) -> Json:
         from lightkube.resources.resource_v1 import ResourceClaim
 
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         return self._call(f"get ResourceClaim {namespace}/{name}",
                           lambda: self._client.get(ResourceClaim, name, namespace=namespace).to_dict(), deadline)
 
     def node_uid(self, node_name: str, timeout: float) -> str:
         from lightkube.resources.core_v1 import Node
 
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         node = self._call(f"get Node {node_name}", lambda: self._client.get(Node, node_name), deadline)
         return str(node.metadata.uid) if node.metadata is not None else ""
 
     def list_slices(self, node_name: str, timeout: float) -> list[Json]:
         from lightkube.resources.resource_v1 import ResourceSlice
 
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         fields: dict[str, Any] = {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
         return self._call("list ResourceSlices",
                           lambda: [s.to_dict() for s in self._client.list(ResourceSlice, fields=fields)], deadline)
 
     def create_slice(self, body: Json, timeout: float) -> Json:
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         return self._call("create ResourceSlice",
                           lambda: self._client.create(_slice(body)).to_dict(), deadline)
 
     def replace_slice(self, body: Json, timeout: float) -> Json:
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         return self._call(f"update ResourceSlice {body['metadata']['name']}",
                           lambda: self._client.replace(_slice(body)).to_dict(), deadline)
 
     def delete_slice(self, name: str, timeout: float) -> None:
         from lightkube.resources.resource_v1 import ResourceSlice
 
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         try:
             self._call(f"delete ResourceSlice {name}", lambda: self._client.delete(ResourceSlice, name), deadline)
         except ApiFailure as failure:

@@ -78,8 +78,17 @@ def main() -> None:
                         dev_root=settings.dev_root, pool=settings.node_name,
                         read_status=lambda device: read_status(settings.sysfs_root, device),
                         cdi_annotation=settings.cdi_annotation)
-    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=metrics.flush)
     registration = RegistrationService(settings.dra_socket)
+
+    def report() -> None:
+        """The status file the probes, metrics and `status` read; after every call and every scan interval."""
+        metrics.flush()
+        process_status.write_status(settings.run_dir, WORKER_DRA, {
+            "registered": registration.registered.is_set(), "preparedClaims": preparer.prepared_count(),
+            "sliceGeneration": publisher.generation if publisher is not None else 0,
+            "devices": len(inventory.current().devices)})
+
+    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)
     dra_server = UnixServer(settings.dra_socket, lambda server: add_services(server, plugin), "dra")
     registration_server = UnixServer(
         settings.dra_registration_socket,
@@ -98,11 +107,9 @@ def main() -> None:
                     registrationSocket=str(settings.dra_registration_socket),
                     checkpoint=str(preparer_checkpoint(settings)))
         publisher.start()
+        report()
         while not shutdown.wait(settings.device_scan_interval):
-            process_status.write_status(settings.run_dir, WORKER_DRA, {
-                "registered": registration.registered.is_set(), "preparedClaims": preparer.prepared_count(),
-                "sliceGeneration": publisher.generation,
-                "devices": len(inventory.current().devices)})
+            report()
     finally:
         registration_server.stop()
         dra_server.stop()
