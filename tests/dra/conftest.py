@@ -35,7 +35,7 @@ SCAN_INTERVAL = "500ms"
 CHART = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "helm" / "k8s-device-plugin-chart"
 RELEASE_NAMESPACE = "kube-system"
 # The chart values that turn a node's stack to DRA (agreed in the DRA interface notes).
-DRA_VALUES = ("--set", "devicePlugin.resourceApi=dra")
+DRA_VALUES = ("--set", "resourceApi=dra")
 _CHART_KINDS = ("DeviceClass", "ClusterRole", "ClusterRoleBinding")
 _NAMES = itertools.count(1)
 tools = load_deploy_module("tools")
