@@ -57,7 +57,8 @@ def quantity_bytes(text: str) -> int:
 def test_the_slices_list_every_pf_and_vf_of_the_inventory_with_the_contract_attributes(serve, cluster):
     serving = serve(MIXED, MIXED_DEVICES, numa_nodes=2)
     kubelet, name = serving.kubelet, serving.dra_node.name
-    node_uid = cluster.admin.list("Node", api_version="v1", field_selector=f"metadata.name={name}")[0]["metadata"]["uid"]
+    node_object = cluster.admin.list("Node", api_version="v1", field_selector=f"metadata.name={name}")[0]
+    node_uid = node_object["metadata"]["uid"]
     slices = kubelet.slices()
     assert slices
     for item in slices:
