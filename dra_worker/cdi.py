@@ -50,7 +50,9 @@ def write_claim_spec(cdi_root: pathlib.Path, claim_uid: str, nodes: dict[str, Se
     check_spec(parse_spec_text(text))
     path = spec_path(cdi_root, claim_uid)
     cdi_root.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, text, mode=0o644)
+    # Not flushed to disk: CDI_ROOT is /var/run/cdi, a tmpfs, and a spec outliving a reboot would name an RSD
+    # group that no longer exists. The rename alone makes it appear whole to a runtime.
+    write_atomically(path, text, mode=0o644, durable=False)
     return path
 
 
