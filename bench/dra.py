@@ -107,7 +107,8 @@ def prepare_rows(calls: int, data_root: str | None = None, suffix: str = "") -> 
          "smi_p50_ms": round(common.percentile(smi_ms, 0.5), 1),
          "cpu_p99_ms": round(common.percentile(own_cpu[0::2], 0.99), 3),
          "goal": f"own p99 <= {PREPARE_GOAL_MS:g} ms", "met": p99 <= PREPARE_GOAL_MS},
-        {"benchmark": f"dra/unprepare-own{suffix}", "calls": calls, **common.spread(unprepare_own), "goal": "", "met": None},
+        {"benchmark": f"dra/unprepare-own{suffix}", "calls": calls, **common.spread(unprepare_own),
+         "goal": "", "met": None},
     ]
 
 
