@@ -228,3 +228,21 @@ def test_shutdown_never_raises(logged):
     assert (record["level"].name, record["message"], record["extra"]["component"]) == (
         "WARNING", "OpenTelemetry SDK error", "otel")
     assert record["extra"]["err"] == "RuntimeError: exporter thread died"
+
+
+def test_a_node_prepare_is_one_span_with_a_child_per_claim_naming_its_devices(exported):
+    tracer, exporter = exported
+    with tracer.prepare(2) as trace:
+        trace.claim("uid-1", "default/one", ["rbln0", "rbln1"], "/dev/rsd3", None)
+        trace.claim("uid-2", "default/two", [], None, "device rbln0 is already prepared for claim uid-1")
+    tracer.shutdown()
+    spans = exporter.get_finished_spans()
+    (prepare,) = [s for s in spans if s.name == tracing.PREPARE_SPAN]
+    good, bad = [s for s in spans if s.name == tracing.CLAIM_SPAN]
+    assert dict(prepare.attributes) == {"rbln.claim.count": 2} and prepare.parent is None
+    assert dict(good.attributes) == {"rbln.claim.uid": "uid-1", "rbln.claim.name": "default/one",
+                                     "rbln.device.ids": ("rbln0", "rbln1"), "rbln.device.count": 2,
+                                     "rbln.rsd.host_path": "/dev/rsd3"}
+    assert good.parent.span_id == prepare.context.span_id and good.status.status_code is StatusCode.UNSET
+    assert bad.status.status_code is StatusCode.ERROR
+    assert bad.attributes["rbln.claim.error"] == "device rbln0 is already prepared for claim uid-1"
