@@ -29,12 +29,13 @@ from shared.config import DRA_DRIVER
 from shared.device_health import Health
 from shared.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
 from shared.device_status import StatusReading
-from shared.rsd_group import LOCK_TIMEOUT, RsdGroupError, RsdGroups, held_flock
+from shared.rsd_group import RsdGroupError, RsdGroups, held_flock
 
 Json = dict[str, Any]
 # The claim GET's bound, retries included: far inside the kubelet's 45 s per call, with the RSD lock's wait.
 CLAIM_READ_TIMEOUT = 10.0
 SERIALIZE_LOCK = "serialize.lock"
+SERIALIZE_TIMEOUT = 15.0
 _MAX_SHOWN = 80
 
 
@@ -112,8 +113,15 @@ class Preparer:
 
     @contextlib.contextmanager
     def _serialized(self) -> Iterator[None]:
-        with self._lock, held_flock(self._flock, LOCK_TIMEOUT):
-            yield
+        """Both locks, each waited for at most SERIALIZE_TIMEOUT: a call stuck behind another still answers
+        within the kubelet's 45 s."""
+        if not self._lock.acquire(timeout=SERIALIZE_TIMEOUT):
+            raise RsdGroupError(f"another Prepare or Unprepare still runs after {SERIALIZE_TIMEOUT:g}s")
+        try:
+            with held_flock(self._flock, SERIALIZE_TIMEOUT):
+                yield
+        finally:
+            self._lock.release()
 
     def prepared_count(self) -> int:
         try:

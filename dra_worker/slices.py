@@ -7,6 +7,7 @@ is left out, and comes back when it recovers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,10 @@ MAX_DEVICES_PER_SLICE = 128
 TYPE_NPU = "npu"
 TYPE_VF = "vf"
 _VF_COUNT = {Resource.NPU_VF1: 1, Resource.NPU_VF4: 4}
+# The API server's rules, which refuse a whole slice for one device that breaks them: a device name is a DNS
+# label, a string attribute at most 64 characters.
+_DEVICE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+MAX_STRING_ATTRIBUTE = 64
 
 Json = dict[str, Any]
 
@@ -46,7 +51,7 @@ def device_entry(device: ServedDevice, driver_version: str) -> Json:
     for name, value in (("productName", record.product), ("sid", record.sid), ("uuid", record.uuid),
                         ("pciDeviceID", record.pci_device_id), ("firmwareVersion", record.firmware_version),
                         ("driverVersion", driver_version)):
-        if value:
+        if value and len(value) <= MAX_STRING_ATTRIBUTE:
             attributes[name] = _string(value)
     attributes["resource.kubernetes.io/pciBusID"] = _string(record.bus_id.lower())
     root = pcie_root(record.pci_path)
@@ -65,9 +70,15 @@ def device_entry(device: ServedDevice, driver_version: str) -> Json:
     return entry
 
 
+def publishable(name: str) -> bool:
+    return bool(_DEVICE_NAME.fullmatch(name))
+
+
 def published_devices(inventory: NodeInventory) -> list[Json]:
-    """The devices the pool offers: every Healthy one, by name (slice order is allocation priority)."""
-    return [device_entry(device, inventory.driver_version) for device in inventory.healthy()]
+    """The devices the pool offers: every Healthy one whose name the API takes, by name (slice order is
+    allocation priority)."""
+    return [device_entry(device, inventory.driver_version) for device in inventory.healthy()
+            if publishable(device.record.device_id)]
 
 
 def slice_specs(node_name: str, devices: Sequence[Json], generation: int) -> list[Json]:

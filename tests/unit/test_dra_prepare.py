@@ -185,3 +185,18 @@ def test_the_toolkit_s_device_is_named_as_cdi_annotation_says_and_a_missing_spec
     assert (RUNTIME_DEVICE in result.devices[0].cdi_device_ids) is named
     warned = [r for r in logs if r["msg"].startswith("No CDI spec resolves the toolkit's device")]
     assert bool(warned) is (not resolvable and annotation is not CdiAnnotation.NEVER)
+
+
+def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, world, monkeypatch):
+    from dra_worker import prepare
+    from shared.rsd_group import held_flock
+
+    store, _state, preparer = world
+    monkeypatch.setattr(prepare, "SERIALIZE_TIMEOUT", 0.2)
+    body = store.add(claim("uid-1", ["rbln0"]))
+    lock = node.root.parent / "plugins" / "npu.rebellions.ai" / prepare.SERIALIZE_LOCK
+    with held_flock(lock, 1.0):  # another instance on the node, mid-call
+        result = preparer.prepare([_ref(body)])["uid-1"]
+        assert "still held by another process" in result.error
+        assert "still held" in preparer.unprepare([_ref(body)])["uid-1"]
+    assert preparer.prepare([_ref(body)])["uid-1"].error is None

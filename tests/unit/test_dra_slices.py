@@ -99,3 +99,11 @@ def test_content_ignores_the_generation_only():
 
 def test_an_inventory_before_every_resource_reported_is_incomplete():
     assert not NodeInventory({}, synced=frozenset({Resource.NPU})).complete
+
+
+def test_what_the_api_server_would_refuse_the_whole_slice_for_is_left_out():
+    long_product = _record("rbln0", product="RBLN-" + "X" * 70)
+    attributes = slices.device_entry(ServedDevice(long_product, Resource.NPU, Health.HEALTHY), "")["attributes"]
+    assert "productName" not in attributes
+    assert [slices.publishable(name) for name in ("rbln0", "rbln0-3", "RBLN0", "rbln_0", "rbln.0", "x" * 64)] == [
+        True, True, False, False, False, False]
