@@ -78,6 +78,7 @@ class DraKubelet(KubeletHarness):
     def __init__(self, binary: pathlib.Path, log_path: pathlib.Path, kubeconfig: str, node_name: str,
                  registry: pathlib.Path, state: pathlib.Path, verbosity: int = 5):
         super().__init__(binary, log_path, verbosity)
+        self.binary = binary
         registry.mkdir(parents=True, exist_ok=True)
         state.mkdir(parents=True, exist_ok=True)
         self._command = [str(binary), "kubelet", f"-v={verbosity}", f"-kubeconfig={kubeconfig}",

@@ -7,7 +7,10 @@ import json
 import subprocess
 from typing import Any
 
-from tests.dra.dra_harness import DRIVER, claim, exactly, pod, wait_until
+import pytest
+
+from tests.conformance.kubelet_harness import HarnessError
+from tests.dra.dra_harness import DRIVER, RESOURCE_V1, DraKubelet, claim, exactly, pod, wait_until
 
 MIXED = "2,1:vf1,1:vf4"
 MIXED_DEVICES = {"rbln0", "rbln1", "rbln2-0", "rbln3-0", "rbln3-1", "rbln3-2", "rbln3-3"}
@@ -94,3 +97,16 @@ def test_an_unhealthy_device_leaves_the_slice_cannot_be_allocated_and_comes_back
 
     node.set_status("rbln1", 0)
     wait_until(lambda: set(kubelet.published_devices()) == {"rbln0", "rbln1"}, 30, "rbln1 back in the slice")
+
+
+def test_the_worker_reaches_the_api_as_the_charts_service_account_with_only_its_clusterrole(cluster, node_root):
+    # RBAC is on: what the worker does above, it does with the rights the chart's ClusterRole grants, no more.
+    worker = DraKubelet(cluster.admin.binary, node_root / "worker-client.log", cluster.server.worker_kubeconfig,
+                        "none", node_root / "unused", node_root / "unused").start_client()
+    try:
+        assert isinstance(worker.list("ResourceSlice"), list)
+        for kind, api_version in (("ResourceClaim", RESOURCE_V1), ("Pod", "v1"), ("Secret", "v1")):
+            with pytest.raises(HarnessError, match=f'forbidden: User "{cluster.server.info["workerUser"]}"'):
+                worker.list(kind, api_version=api_version)
+    finally:
+        worker.close()
