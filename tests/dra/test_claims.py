@@ -91,3 +91,16 @@ def test_a_pod_asking_for_the_extended_resource_is_served_through_the_npu_device
     # The kubelet hands the claim's CDI devices to the container that asked, none to the other.
     assert sorted(i for i in cdi["main"] if i.startswith("k8s.")) == claim_cdi_ids(uid, devices)
     assert cdi["sidecar"] == []
+
+
+def test_a_claim_shared_by_two_containers_gives_both_the_same_devices(serve):
+    serving = serve("2", {"rbln0", "rbln1"})
+    kubelet, namespace = serving.kubelet, serving.namespace
+    kubelet.apply(claim("shared", namespace, [exactly("npu", NPU_CLASS)]))
+    spec = pod("two-containers", namespace, {"npu": "shared"}, containers={"a": ["npu"], "b": ["npu"], "c": []})
+    devices = allocated(kubelet.allocate(spec), "shared")
+    uid = kubelet.claim(namespace, "shared")["metadata"]["uid"]
+    cdi = kubelet.prepare(spec)
+    assert sorted(i for i in cdi["a"] if i.startswith("k8s.")) == claim_cdi_ids(uid, devices)
+    assert cdi["a"] == cdi["b"] and cdi["c"] == []
+    assert len([gid for gid in serving.node.rsd_groups() if gid != 0]) == 1
