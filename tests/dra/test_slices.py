@@ -1,5 +1,5 @@
 """The ResourceSlices the worker publishes, read back from the real API server: the node's inventory as
-rbln-smi and sysfs give it, in CONTRACT §9's names and attributes, following health."""
+rbln-smi and sysfs give it, in the names and attributes docs/dra.md documents, following health."""
 
 from __future__ import annotations
 
