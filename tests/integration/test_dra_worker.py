@@ -26,6 +26,7 @@ from shared.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from shared.pluginregistration.v1 import api_pb2 as reg
 from shared.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from shared.process_status import read_status
+from shared.supervisord.client import connect
 from simulator.stack import RUN_COMMAND
 from tests.fake_kube_api import FakeKubeApi
 
@@ -90,6 +91,7 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
     assert _published(api) == expected
     starts = {r["process"] for r in stack.find("Starting rbln-device-plugin")}
     assert starts == {"scanner", "worker-dra", "watchdog"}, "no device plugin worker runs in DRA mode"
+    assert set(connect(node.run_dir).programs()) == {"scanner", "worker-dra", "watchdog"}
     assert not list(node.plugin_dir.glob("rbln-device-plugin-*.sock"))
     # Anyone deleting the slices: they are back within a scan.
     api.slices.clear()
