@@ -940,3 +940,10 @@ def test_the_manifest_checks_catch_rbac_in_the_wrong_mode():
     bad_class = {"kind": "DeviceClass", "metadata": {"name": "x"},
                  "spec": {"selectors": [{"cel": {"expression": "true"}}], "extendedResourceName": "example.com/x"}}
     assert len(manifest_checks.problems([bad_class])) == 2
+
+
+def test_notes_say_how_each_mode_shows_the_npus():
+    dra = install_notes("resourceApi=dra")
+    assert "kubectl get resourceslices --field-selector spec.driver=npu.rebellions.ai" in dra
+    assert "status.allocatable" not in dra
+    assert "status.allocatable.rebellions" in install_notes() and "resourceslices" not in install_notes()
