@@ -88,7 +88,9 @@ def test_a_repeated_prepare_answers_the_same_and_makes_no_second_group(serve):
     node.set_status(broken, FAULT)
     with pytest.raises(HarnessError, match=broken):
         kubelet.prepare(spec)
+    # Every claim of the request is answered: the healthy one was prepared, with its group.
     first_groups = claim_groups(node)
+    assert len(first_groups) == 1
     node.set_status(broken, 0)
     wait_until(lambda: broken in kubelet.published_devices(), 30, f"{broken} healthy again")
 
