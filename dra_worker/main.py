@@ -25,7 +25,7 @@ from shared.metrics import recorder_for
 from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.programs import WORKER_DRA
-from shared.rbln_smi import RblnSmi
+from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
 from shared.rsd_group import RsdGroups
 from shared.subscriber import InventorySubscriber
@@ -64,6 +64,7 @@ def main() -> None:
     settings = start_process(WORKER_DRA, driver=DRA_DRIVER)
     shutdown = ShutdownSignal().install()
     metrics = recorder_for(settings.metrics_port, settings.run_dir)
+    metrics.load(smi_commands=[command.value for command in GROUP_COMMANDS], dra=True)
     tracer = setup_tracing(settings.otlp_endpoint, VERSION, settings.node_name)
     settings.dra_plugin_dir.mkdir(parents=True, exist_ok=True)
     api = LazyApi(settings.kubeconfig)

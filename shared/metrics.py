@@ -127,6 +127,9 @@ STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING
                   CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS)
 
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
+# What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
+# appear in both modes, as zero while nothing happened.
+DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
@@ -182,7 +185,7 @@ class Recorder:
             maxlen=_MAX_PENDING)
         self._failure_logged = False
 
-    def load(self, resource: str | None = None, smi_commands: Iterable[str] = ()) -> None:
+    def load(self, resource: str | None = None, smi_commands: Iterable[str] = (), dra: bool = False) -> None:
         """Import prometheus_client and make the families now, off the path of the first event, with a zero
         series for each label set this process can record (a resource's allocations of either result, its
         rbln-smi commands): a query then finds zero rather than nothing before the first event."""
@@ -200,6 +203,10 @@ class Recorder:
             for command in smi_commands:
                 families[RBLN_SMI_DURATION].labels(command)
                 families[RBLN_SMI_FAILURES].labels(command)
+            if dra:
+                for result in Result:
+                    families[DRA_PREPARES].labels(result.value)
+                    families[DRA_SLICE_PUBLISHES].labels(result.value)
             self._families = families
 
     def _record(self, work: Callable[[dict[Family, Any]], None]) -> None:

@@ -180,3 +180,28 @@ def test_a_node_serves_its_npus_one_way_only(make_node, start_stack, api):
         listener.listen()
         refused = _run({**os.environ, **node.env(), **env})
     assert refused.returncode == 2 and "a live device plugin serves this node's NPUs" in refused.stderr
+
+
+def test_the_stack_s_metrics_count_prepares_prepared_claims_and_slice_publishes(make_node, start_stack, api):
+    from shared.metrics import FAMILIES
+    from tests.integration.metrics_scrape import families, metrics_port, scrape_text, value, wait_for_scrape
+
+    node = make_node("1")
+    stack = start_stack(node, METRICS_PORT="0", **_dra_env(node, api))
+    stack.wait_for_record("Published ResourceSlices")
+    port = metrics_port(stack)
+    dra_sock, _reg = _sockets(node)
+    with _channel(dra_sock) as channel:
+        stub = v1_grpc.DRAPluginStub(channel)
+        claims = [_claim(api, "uid-1", ["rbln0"], "one"), _claim(api, "uid-2", ["rbln7"], "unknown")]
+        answer = stub.NodePrepareResources(v1.NodePrepareResourcesRequest(claims=claims), timeout=30)
+        assert answer.claims["uid-1"].error == "" and answer.claims["uid-2"].error
+    samples = wait_for_scrape(port, lambda s: value(s, "rbln_device_plugin_dra_prepared_claims") == 1,
+                              "the prepared claim counted")
+    assert value(samples, "rbln_device_plugin_dra_prepares_total", result="success") == 1
+    assert value(samples, "rbln_device_plugin_dra_prepares_total", result="failure") == 1
+    assert value(samples, "rbln_device_plugin_dra_prepare_duration_seconds_count") == 2
+    assert value(samples, "rbln_device_plugin_dra_slice_publishes_total", result="success") >= 1
+    names = families(scrape_text(port))
+    assert {"rbln_device_plugin_dra_prepares_total", "rbln_device_plugin_dra_slice_publishes_total",
+            "rbln_device_plugin_dra_prepared_claims"} <= names <= {family.name for family in FAMILIES}
