@@ -167,6 +167,8 @@ class Preparer:
     def _check_devices(self, devices: Sequence[str], uid: str,
                        prepared: dict[str, PreparedClaim]) -> list[ServedDevice]:
         inventory = self._inventory()
+        if not inventory.complete:
+            raise PrepareError("the node's inventory has not arrived from the scanner yet (just started); retry")
         holders = {d.device: other for other, claim in prepared.items() if other != uid for d in claim.devices}
         served = []
         for name in devices:

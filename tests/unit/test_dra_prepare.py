@@ -200,3 +200,15 @@ def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_t
         assert "still held by another process" in result.error
         assert "still held" in preparer.unprepare([_ref(body)])["uid-1"]
     assert preparer.prepare([_ref(body)])["uid-1"].error is None
+
+
+def test_a_new_claim_before_the_first_inventory_is_told_to_retry_and_a_prepared_one_is_answered(node, tmp_path):
+    store = ClaimStore()
+    state = InventoryState()
+    feed(state, node)
+    body = store.add(claim("uid-1", ["rbln0"]))
+    first = _preparer(node, tmp_path, store, state).prepare([_ref(body)])["uid-1"]
+    restarted = _preparer(node, tmp_path, store, InventoryState())  # no snapshot yet
+    assert restarted.prepare([_ref(body)])["uid-1"] == first
+    later = restarted.prepare([_ref(store.add(claim("uid-2", ["rbln1"])))])["uid-2"]
+    assert "inventory has not arrived" in later.error
