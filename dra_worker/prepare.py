@@ -146,6 +146,9 @@ class Preparer:
                 wanted[ref.uid] = (ref, allocated_devices(claim, ref, self._pool))
             except (ApiFailure, PrepareError) as exc:
                 results[ref.uid] = ClaimResult(error=str(exc))
+            except (AttributeError, TypeError, ValueError) as exc:  # a claim not shaped as the API's
+                results[ref.uid] = ClaimResult(error=f"ResourceClaim {ref.namespace}/{ref.name} is malformed: "
+                                                     f"{type(exc).__name__}: {exc}")
         try:
             with self._serialized():
                 prepared = self._checkpoint.load()

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 from loguru import logger
 
-from dra_worker.prepare import ClaimRef, Preparer, elapsed_ms
+from dra_worker.prepare import ClaimRef, ClaimResult, Preparer, elapsed_ms
 from shared.dra.v1 import api_pb2 as v1_pb2
 from shared.dra.v1 import api_pb2_grpc as v1_grpc
 from shared.dra.v1beta1 import api_pb2 as v1beta1_pb2
@@ -46,7 +46,12 @@ class DraPlugin:
         refs = _refs(request.claims)
         response = pb2.NodePrepareResourcesResponse()
         with self._tracer.prepare(len(refs)) as trace:
-            results = self._preparer.prepare(refs)
+            try:
+                results = self._preparer.prepare(refs)
+            except Exception as exc:  # a bug must cost the call's claims, never the worker or the whole call
+                logger.opt(exception=True).error("Claim preparation failed", claimUID="", claim="",
+                                                 err=f"{type(exc).__name__}: {exc}", durationMs=elapsed_ms(started))
+                results = {ref.uid: ClaimResult(error=f"internal error: {type(exc).__name__}: {exc}") for ref in refs}
             for ref in refs:
                 result = results[ref.uid]
                 answer = response.claims[ref.uid]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dra_worker import cdi
 from dra_worker.checkpoint import Checkpoint
@@ -212,3 +214,29 @@ def test_a_new_claim_before_the_first_inventory_is_told_to_retry_and_a_prepared_
     assert restarted.prepare([_ref(body)])["uid-1"] == first
     later = restarted.prepare([_ref(store.add(claim("uid-2", ["rbln1"])))])["uid-2"]
     assert "inventory has not arrived" in later.error
+
+
+_JUNK = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(results=st.lists(st.fixed_dictionaries({}, optional={
+    "request": _JUNK | st.sampled_from(["npus", "npus/sub"]), "driver": _JUNK | st.just("npu.rebellions.ai"),
+    "pool": _JUNK | st.just(NODE), "device": _JUNK | st.sampled_from(["rbln0", "rbln1", "rbln9", "../x"])}),
+    max_size=4), status=_JUNK)
+def test_any_claim_shape_gets_an_answer_and_leaves_the_node_consistent(node, world, results, status):
+    store, _state, preparer = world
+    body = claim("uid-x", [])
+    body["status"]["allocation"]["devices"]["results"] = results
+    store.add(body)
+    odd = store.add({**claim("uid-y", []), "metadata": {"name": "claim-uid-y", "namespace": "default", "uid": "uid-y"},
+                     "status": status})
+    answers = preparer.prepare([_ref(body), _ref(odd)])
+    assert set(answers) == {"uid-x", "uid-y"}
+    for uid, answer in answers.items():
+        if answer.error is None:
+            assert {d.device for d in answer.devices} <= {"rbln0", "rbln1"}
+        assert preparer.unprepare([ClaimRef("default", uid, "x")]) == {uid: None}
+    assert _groups(node) == {} and not list(node.cdi_root.glob("k8s.npu.rebellions.ai-npu_*"))
