@@ -217,7 +217,8 @@ def test_a_new_claim_before_the_first_inventory_is_told_to_retry_and_a_prepared_
 
 
 _JUNK = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3),
                      max_leaves=8)
 
 
