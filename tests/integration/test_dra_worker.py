@@ -172,7 +172,8 @@ def test_a_node_serves_its_npus_one_way_only(make_node, start_stack, api):
     assert refused.returncode == 2
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "a live DRA plugin serves this node's NPUs" in lines[0]
-    stack.stop()
+    assert stack.stop() == 0
+    assert [path.exists() for path in _sockets(node)] == [False, False], "its own sockets go at stop"
     # A device plugin worker's live socket keeps a DRA stack from starting.
     plugin_socket = node.plugin_dir / f"rbln-device-plugin-rebellions-ai-npu-{'0' * 8}.sock"
     with socket.socket(socket.AF_UNIX) as listener:
