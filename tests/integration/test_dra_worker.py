@@ -49,6 +49,10 @@ def _dra_env(node, api, **extra) -> dict[str, str]:
             "KUBECONFIG": str(api.kubeconfig(root / "kubeconfig")), **extra}
 
 
+def stack_env(node, api) -> dict[str, str]:
+    return {**os.environ, **node.env(), **_dra_env(node, api)}
+
+
 def _sockets(node) -> tuple[pathlib.Path, pathlib.Path]:
     return node.root / "plugins" / DRIVER / "dra.sock", node.root / "plugins_registry" / f"{DRIVER}-reg.sock"
 
@@ -129,6 +133,10 @@ def test_prepare_and_unprepare_repeated_out_of_order_and_across_a_restart(make_n
 
     status = read_status(node.run_dir, "worker-dra")
     assert status is not None and status["preparedClaims"] == 2
+    report = json.loads(subprocess.run([*RUN_COMMAND[:-1], "status", "--json"], env=stack_env(node, api),
+                                       capture_output=True, text=True, timeout=30).stdout)
+    assert list(report["processes"]) == ["scanner", "worker-dra", "watchdog"]
+    assert report["dra"]["preparedClaims"] == 2
     os.kill(status["pid"], signal.SIGKILL)
     stack.wait_for_record("Serving the DRA plugin", count=2, timeout=30)
     with _channel(dra_sock) as channel:
