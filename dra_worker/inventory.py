@@ -44,7 +44,8 @@ class NodeInventory:
 
 class InventoryState:
     def __init__(self, on_change: Callable[[], None] = lambda: None):
-        self._on_change = on_change
+        self.on_change = on_change
+        """Called after every snapshot, on the subscriber's thread."""
         # Guards _messages, _history and _current.
         self._lock = threading.Lock()
         self._messages: dict[Resource, ipc.InventoryMessage] = {}
@@ -66,4 +67,4 @@ class InventoryState:
             driver = next((m.driver_version for m in self._messages.values() if m.driver_version), "")
             self._current = NodeInventory(devices, driver, message.cdi_resolvable, frozenset(self._messages))
         # Every snapshot: the publisher compares what it would publish with what it did, at no API cost.
-        self._on_change()
+        self.on_change()

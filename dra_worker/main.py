@@ -19,7 +19,7 @@ from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
 from shared import process_status
-from shared.config import DRA_DRIVER, Settings
+from shared.config import DRA_DRIVER
 from shared.device_status import read_status
 from shared.metrics import recorder_for
 from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -69,13 +69,14 @@ def main() -> None:
     settings.dra_plugin_dir.mkdir(parents=True, exist_ok=True)
     api = LazyApi(settings.kubeconfig)
 
-    publisher: SlicePublisher | None = None
-    inventory = InventoryState(on_change=lambda: publisher.wake() if publisher is not None else None)
+    inventory = InventoryState()
     publisher = SlicePublisher(api, settings.node_name, inventory.current, settings.device_scan_interval,
                                on_publish=metrics.slice_publish)
+    inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
+    checkpoint = Checkpoint(settings.dra_plugin_dir)
     preparer = Preparer(api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file),
-                        checkpoint=Checkpoint(settings.dra_plugin_dir), cdi_root=settings.cdi_root,
+                        checkpoint=checkpoint, cdi_root=settings.cdi_root,
                         dev_root=settings.dev_root, pool=settings.node_name,
                         read_status=lambda device: read_status(settings.sysfs_root, device),
                         cdi_annotation=settings.cdi_annotation)
@@ -86,9 +87,10 @@ def main() -> None:
         metrics.flush()
         process_status.write_status(settings.run_dir, WORKER_DRA, {
             "registered": registration.registered.is_set(), "preparedClaims": preparer.prepared_count(),
-            "sliceGeneration": publisher.generation if publisher is not None else 0,
+            "sliceGeneration": publisher.generation,
             "devices": len(inventory.current().devices)})
 
+    registration.on_change = report
     plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)
     dra_server = UnixServer(settings.dra_socket, lambda server: add_services(server, plugin), "dra")
     registration_server = UnixServer(
@@ -106,7 +108,7 @@ def main() -> None:
         registration_server.start()
         logger.info("Serving the DRA plugin", driver=DRA_DRIVER, endpoint=str(settings.dra_socket),
                     registrationSocket=str(settings.dra_registration_socket),
-                    checkpoint=str(preparer_checkpoint(settings)))
+                    checkpoint=str(checkpoint.path))
         publisher.start()
         report()
         while not shutdown.wait(settings.device_scan_interval):
@@ -122,7 +124,3 @@ def main() -> None:
         process_status.remove_status(settings.run_dir, WORKER_DRA)
     logger.info("Shutdown")
     exit_now(shutdown)
-
-
-def preparer_checkpoint(settings: Settings) -> pathlib.Path:
-    return Checkpoint(settings.dra_plugin_dir).path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+from collections.abc import Callable
 
 from loguru import logger
 
@@ -16,10 +17,12 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
 class RegistrationService(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, endpoint: pathlib.Path):
+    def __init__(self, endpoint: pathlib.Path, on_change: Callable[[], None] = lambda: None):
         self._endpoint = endpoint
         self.registered = threading.Event()
         """Set while the kubelet's last verdict was a registration."""
+        self.on_change = on_change
+        """Called after each verdict (the status file, which readiness reads, is written at once)."""
 
     def GetInfo(self, request, context):
         return api_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRA_DRIVER, endpoint=str(self._endpoint),
@@ -33,4 +36,5 @@ class RegistrationService(api_pb2_grpc.RegistrationServicer):
             self.registered.clear()
             logger.error("Kubelet refused the DRA plugin registration", driver=DRA_DRIVER,
                          err=request.error or "no reason given")
+        self.on_change()
         return api_pb2.RegistrationStatusResponse()

@@ -88,6 +88,7 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
                                       timeout=5)
         stack.wait_for_record("Kubelet refused the DRA plugin registration", err="no such version")
         stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
+        assert read_status(node.run_dir, "worker-dra")["registered"] is True, "readiness sees it at once"
         stack.wait_for_record("Registered with the kubelet")
     published = stack.wait_for_record("Published ResourceSlices")[0]
     expected = sorted(d.device for d in node.inventory if d.is_vf or not d.num_vfs)
