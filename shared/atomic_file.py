@@ -9,8 +9,10 @@ import tempfile
 
 
 def write_atomically(path: pathlib.Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
-    """Write `data` to a temporary file beside `path` and rename it over `path`; `durable`: flushed to disk
-    first, and the rename after it (a few milliseconds on a disk; what a file on tmpfs does not need).
+    """Write `data` to a temporary file beside `path` and rename it over `path`; `durable`: the data flushed to
+    disk before the rename (a few milliseconds on a disk; what a file on tmpfs does not need), as the kubelet
+    writes its own checkpoints. After a power loss the file is then the old content or the new, never a torn
+    one; the directory is not flushed, so the rename itself may be the one thing lost.
 
     The temporary file's name starts with a dot: directories read by others (a CDI spec dir, the kubelet's
     plugin dirs) skip such names. OSError on failure, with no temporary file left behind.
@@ -30,11 +32,3 @@ def write_atomically(path: pathlib.Path, data: bytes, mode: int = 0o644, durable
         except OSError:
             pass
         raise
-    if not durable:
-        return
-    # The rename itself is durable only once the directory is.
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
