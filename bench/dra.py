@@ -5,8 +5,8 @@
 - `dra/prepare-own`, `dra/unprepare-own`: NodePrepareResources' and NodeUnprepareResources' domain logic
   (dra_worker.prepare.Preparer) in this process on the benchmark node, for a new one-NPU claim each time:
   checkpoint read and write (fsync'd), device checks with the final status read, the RSD group through the
-  simulator's rbln-smi stand-in, the CDI spec (checked; on tmpfs, not fsync'd). Own time = the call's time less its time in
-  rbln-smi (spawn to exit, counted by the runner) and less the claim read (here an in-memory store: the API
+  simulator's rbln-smi stand-in, the CDI spec (checked; on tmpfs, not fsync'd). Own time = the call's time less
+  its time in rbln-smi (spawn to exit, counted by the runner) and less the claim read (here an in-memory store: the API
   server's latency is not the plugin's). Goal: Prepare's own p99 <= 5 ms. `cpu_p99_ms`: this thread's CPU in
   Prepare (the spawn of rbln-smi included); the rest of the own time is waiting for the disk (the
   checkpoint's data fsync, into the benchmark's temporary directory) and for the scheduler; the `/tmpfs` rows keep
