@@ -12,6 +12,9 @@ DaemonSet of the same render by labels they have and port names their container 
 NetworkPolicy's every rule has a source). A NodeFeatureRule (Node Feature Discovery) is
 cluster-scoped, sets only valid labels, matches on something, and gives a DaemonSet of the same
 render its nodeSelector.
+A DaemonSet in DRA mode (RESOURCE_API=dra) gets a service account token and exactly the RBAC worker-dra
+needs, bound to its service account; in device plugin mode no token and no RBAC. A DeviceClass selects
+devices of the driver npu.rebellions.ai and names one of the device plugin's resource names.
 
 Objects of a custom resource are checked against the schema of its CRD when the CRD
 manifest is given (`--crds`, e.g. NFD's): unknown fields are refused, as the API
@@ -220,6 +223,62 @@ def crd_problems(where: str, document: dict[str, Any], crds: Iterable[dict[str, 
         return
 
 
+DRA_DRIVER = "npu.rebellions.ai"
+# What worker-dra may do, and nothing more: (apiGroup, resource) -> verbs.
+DRA_RULES = {("resource.k8s.io", "resourceclaims"): {"get"},
+             ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+             ("", "nodes"): {"get"}}
+
+
+def _env(daemonset: dict[str, Any], name: str) -> str | None:
+    containers = (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+    for container in containers:
+        for entry in container.get("env") or []:
+            if entry.get("name") == name:
+                return entry.get("value")
+    return None
+
+
+def _granted(documents: list[dict[str, Any]], namespace: str, account: str) -> dict[tuple[str, str], set[str]]:
+    """The (apiGroup, resource) -> verbs ClusterRoles of the render grant the service account."""
+    roles = {(doc.get("metadata") or {}).get("name"): doc for doc in documents if doc.get("kind") == "ClusterRole"}
+    granted: dict[tuple[str, str], set[str]] = {}
+    for binding in (doc for doc in documents if doc.get("kind") == "ClusterRoleBinding"):
+        subjects = binding.get("subjects") or []
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == account and s.get("namespace") == namespace
+                   for s in subjects):
+            continue
+        role = roles.get((binding.get("roleRef") or {}).get("name")) or {}
+        for rule in role.get("rules") or []:
+            for group in rule.get("apiGroups") or []:
+                for resource in rule.get("resources") or []:
+                    granted.setdefault((group, resource), set()).update(rule.get("verbs") or [])
+    return granted
+
+
+def _resource_api_problems(where: str, daemonset: dict[str, Any], documents: list[dict[str, Any]]) -> Iterator[str]:
+    pod = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
+    dra = _env(daemonset, "RESOURCE_API") == "dra"
+    namespace = (daemonset.get("metadata") or {}).get("namespace") or ""
+    granted = _granted(documents, namespace, pod.get("serviceAccountName") or "default")
+    if dra and pod.get("automountServiceAccountToken") is not True:
+        yield f"{where}: RESOURCE_API=dra needs the service account token, but it is not mounted"
+    if dra and granted != DRA_RULES:
+        yield f"{where}: RESOURCE_API=dra grants {sorted(granted.items())}, not exactly worker-dra's {DRA_RULES}"
+    if not dra and granted:
+        yield f"{where}: the device plugin calls no API, yet its service account is granted {sorted(granted)}"
+
+
+def _device_class_problems(where: str, device_class: dict[str, Any]) -> Iterator[str]:
+    spec = device_class.get("spec") or {}
+    expressions = [(s.get("cel") or {}).get("expression") or "" for s in spec.get("selectors") or []]
+    if not any(f'device.driver == "{DRA_DRIVER}"' in e for e in expressions):
+        yield f"{where}: no selector limits the class to the driver {DRA_DRIVER}"
+    resource = spec.get("extendedResourceName")
+    if resource is not None and not str(resource).startswith(NPU_RESOURCE_PREFIX):
+        yield f"{where}: extendedResourceName {resource!r} is not one of the device plugin's resource names"
+
+
 def problems(documents: Iterable[Any], source: str = "", crds: Iterable[dict[str, Any]] = ()) -> list[str]:
     found: list[str] = []
     documents = list(documents)
@@ -233,6 +292,9 @@ def problems(documents: Iterable[Any], source: str = "", crds: Iterable[dict[str
         where = f"{source}: {kind}/{name}" if source else f"{kind}/{name}"
         if kind == "DaemonSet":
             found.extend(_daemonset_problems(where, document))
+            found.extend(_resource_api_problems(where, document, [d for d in documents if isinstance(d, dict)]))
+        elif kind == "DeviceClass":
+            found.extend(_device_class_problems(where, document))
         elif kind == "Pod":
             found.extend(_pod_spec_problems(where, document.get("spec") or {}))
         elif kind == "PodMonitor":

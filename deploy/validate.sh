@@ -156,6 +156,7 @@ check "shellcheck tests/conformance/run.sh tests/conformance/private_plugin_dir.
 check "shellcheck tests/nfd/run.sh tests/nfd/crds.sh tests/nfd/with_features_dir.sh" \
   "$SHELLCHECK" tests/nfd/run.sh tests/nfd/crds.sh tests/nfd/with_features_dir.sh
 check "shellcheck tests/cdi/run.sh" "$SHELLCHECK" tests/cdi/run.sh
+check "shellcheck tests/dra/run.sh" "$SHELLCHECK" tests/dra/run.sh
 
 # --- Image -----------------------------------------------------------------------------------------
 # Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine, and

@@ -17,10 +17,10 @@ from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from shared import process_status
 from shared.cdi_specs import remove_stale_specs
-from shared.config import Settings
+from shared.config import ResourceApi, Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
 from shared.process_lifecycle import ShutdownSignal, start_process
-from shared.programs import SCANNER, WATCHDOG, WORKERS
+from shared.programs import SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
 if TYPE_CHECKING:
@@ -93,7 +93,8 @@ class Watchdog:
             select.select([self._watcher.fileno(), shutdown.fileno()], [], [], max(0.0, next_check - time.monotonic()))
             if shutdown.is_set():
                 break
-            if self._watcher.recreated():
+            # A DRA plugin needs nothing at a kubelet restart: the kubelet finds its registration socket again.
+            if self._watcher.recreated() and self._settings.resource_api is ResourceApi.DEVICE_PLUGIN:
                 self._restart_workers()
             if time.monotonic() >= next_check:
                 self._check()
@@ -142,10 +143,11 @@ class Watchdog:
         run_dir = self._settings.run_dir
         writable = self._run_dir_writable()
         scanner = process_status.read_status(run_dir, SCANNER)
-        workers = {name: process_status.read_status(run_dir, name) for name in WORKERS}
+        dra = self._settings.resource_api is ResourceApi.DRA
+        workers = {name: process_status.read_status(run_dir, name) for name in ((WORKER_DRA,) if dra else WORKERS)}
         ready = readiness(programs, scanner, workers)
-        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval, writable),
-                     ready,
+        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval,
+                              programs_for(self._settings.resource_api), status_writable=writable), ready,
                      StackView(current_status(scanner, programs, SCANNER),
                                {name: current_status(status, programs, name) for name, status in workers.items()},
                                ready.ok))

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shared.programs import PROGRAMS, SCANNER
+from shared.programs import PROGRAMS, SCANNER, WORKER_DRA
 from shared.resources import Resource
 
 # The scanner publishes every interval; three missed publications mean it is stuck.
@@ -29,10 +29,12 @@ class Verdict:
 
 
 def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
-             now_monotonic: float, scan_interval: float, status_writable: bool = True) -> Verdict:
-    """`status_writable` False: the run dir is read-only, so no status file can be fresh and the scanner's
-    publications are not judged (a read-only run dir costs observability, never the pod)."""
-    for name in PROGRAMS:
+             now_monotonic: float, scan_interval: float, expected: tuple[str, ...] = PROGRAMS,
+             status_writable: bool = True) -> Verdict:
+    """`expected`: the programs of the stack's mode (shared.programs.programs_for). `status_writable` False: the
+    run dir is read-only, so no status file can be fresh and the scanner's publications are not judged (a
+    read-only run dir costs observability, never the pod)."""
+    for name in expected:
         state = programs.get(name, {}).get("statename", "ABSENT")
         if state != "RUNNING":
             return Verdict(False, f"{name} is {state}")
@@ -56,6 +58,11 @@ def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, A
               workers: Mapping[str, Mapping[str, Any] | None]) -> Verdict:
     if scanner is None:
         return Verdict(False, "no scan yet")
+    if WORKER_DRA in workers:
+        dra = current_status(workers[WORKER_DRA], programs, WORKER_DRA)
+        if dra is None or not dra.get("registered"):
+            return Verdict(False, f"{WORKER_DRA} is not registered with the kubelet")
+        return Verdict(True, f"{WORKER_DRA} registered")
     counts = scanner.get("resources", {})
     for resource in Resource:
         if not counts.get(resource.value):

@@ -20,12 +20,14 @@ from shared.metrics import (
     DEVICE_STATUS,
     DEVICES,
     DISCOVERY_FAILING,
+    DRA_PREPARED_CLAIMS,
     LAST_SCAN,
     READY,
     REGISTERED,
     STREAMS,
     Family,
 )
+from shared.programs import WORKER_DRA
 from shared.resources import Resource
 
 # The status label's values: the driver's statuses, UNKNOWN for any other number, UNREADABLE without one.
@@ -90,5 +92,9 @@ def state_samples(view: StackView) -> list[Sample]:
         cdi = view.scanner.get("cdi")
         if isinstance(cdi, Mapping) and isinstance(cdi.get("resolvable"), bool):
             samples.append((CDI_SPEC_RESOLVABLE, {}, 1.0 if cdi["resolvable"] else 0.0))
+    dra = view.workers.get(WORKER_DRA)
+    prepared = _number(dra.get("preparedClaims")) if dra is not None else None
+    if prepared is not None:
+        samples.append((DRA_PREPARED_CLAIMS, {}, prepared))
     samples.append((READY, {}, 1.0 if view.ready else 0.0))
     return samples

@@ -1,6 +1,6 @@
 """Regenerate the committed Python stubs of the kubelet APIs the project speaks.
 
-    python protos/generate.py            # rewrite shared/deviceplugin/v1beta1/ and shared/podresources/v1/
+    python protos/generate.py            # rewrite shared/<api>/<version>/ for every API
     python protos/generate.py --out DIR  # write to DIR/<api>/<version>/ instead (the drift test does this)
 
 The stubs are committed so that `pip install .` needs no code generator; the
@@ -14,9 +14,10 @@ import pathlib
 import sys
 
 PROTO_ROOT = pathlib.Path(__file__).resolve().parent
-# Each API as <api>/<version>/api.proto: the device plugin API the workers serve, and the PodResources API
-# `status` asks which pod holds which device.
-APIS = ("deviceplugin/v1beta1", "podresources/v1")
+# Each API as <api>/<version>/api.proto: the device plugin API the workers serve, the PodResources API
+# `status` asks which pod holds which device, and for worker-dra the plugin registration API and both
+# versions of the DRA plugin API the kubelet may call.
+APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1")
 DEFAULT_OUT = PROTO_ROOT.parent / "shared"
 
 

@@ -20,13 +20,13 @@ from typing import IO
 
 from shared import log
 from shared.durations import parse_duration
-from shared.programs import PROGRAMS
+from shared.programs import ALL_PROGRAMS
 
 FOLLOW_POLL_SECONDS = 0.2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("process", choices=PROGRAMS, help="whose records to show")
+    parser.add_argument("process", choices=ALL_PROGRAMS, help="whose records to show")
     parser.add_argument("-f", "--follow", action="store_true", help="keep showing new records until interrupted")
     parser.add_argument("--level", default="debug", metavar="L",
                         help="show records at this level or above: error, warn (warning), info, debug")

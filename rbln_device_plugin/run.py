@@ -15,6 +15,8 @@ from typing import Any
 
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
 from shared.metrics import reset_metrics_dir
+from shared.mode_exclusivity import other_mode_conflict
+from shared.programs import autostart_environment
 from shared.safe_open import ensure_private_dir
 from shared.supervisord import transport
 
@@ -54,6 +56,7 @@ def stack_environment(args: argparse.Namespace, base: Mapping[str, str]) -> dict
     return environ
 
 
+
 def supervisord_argv(conf: pathlib.Path, uid: int) -> list[str]:
     """supervisord on `conf`, as user `uid`. supervisor.conf says user=root, which supervisord only
     takes from root (it cannot switch users otherwise); run by anyone else, it is told to stay who it is
@@ -69,6 +72,11 @@ def run(args: argparse.Namespace) -> None:
     except ConfigError as exc:
         print(f"rbln-device-plugin run: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    conflict = other_mode_conflict(settings)
+    if conflict is not None:
+        print(f"rbln-device-plugin run: {conflict}", file=sys.stderr)
+        raise SystemExit(2)
+    environ.update(autostart_environment(settings.resource_api))
     os.umask(STACK_UMASK)
     try:
         ensure_private_dir(settings.run_dir, RUN_DIR_ENV)

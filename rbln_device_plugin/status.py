@@ -23,7 +23,7 @@ from kubelet_watchdog.probes import current_status
 from shared import process_status
 from shared.config import OPTIONS, Option
 from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
-from shared.programs import PROGRAMS, SCANNER
+from shared.programs import DRA_PROGRAMS, PROGRAMS, SCANNER, WORKER_DRA, WORKERS
 from shared.resources import Resource
 from shared.supervisord.client import SupervisorError, connect
 
@@ -73,7 +73,7 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapp
     processes = {name: {"state": known.get(name, {}).get("statename", "UNKNOWN" if programs is None else "ABSENT"),
                         "pid": known.get(name, {}).get("pid") or None,
                         "description": known.get(name, {}).get("description", "")}
-                 for name in PROGRAMS}
+                 for name in (DRA_PROGRAMS if WORKER_DRA in known else PROGRAMS)}
     scanner = current_status(scanner, known, SCANNER)
     scanned = scanner.get("resources", {}) if scanner else {}
     resources = {}
@@ -100,7 +100,15 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapp
                     "discoveryError": scanner.get("discoveryError") if scanner else None},
         # The scanner's latest CDI check (None without a current scanner status).
         "cdi": scanner.get("cdi") if scanner and isinstance(scanner.get("cdi"), Mapping) else None,
+        # worker-dra's status in DRA mode (None otherwise, or without a current status of it).
+        "dra": _dra(current_status(workers.get(WORKER_DRA), known, WORKER_DRA)),
     }
+
+
+def _dra(status: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if status is None:
+        return None
+    return {key: status.get(key) for key in ("registered", "preparedClaims", "sliceGeneration", "devices")}
 
 
 def _cell(value: Any) -> str:
@@ -142,6 +150,11 @@ def render_text(report: Mapping[str, Any]) -> str:
     cdi = report["cdi"]
     if cdi is not None:
         lines += ["", *_cdi_lines(cdi)]
+    dra = report.get("dra")
+    if dra is not None:
+        lines += ["", f"dra: registered {_cell(dra['registered'])}, {_cell(dra['devices'])} devices, "
+                      f"{_cell(dra['preparedClaims'])} prepared claims, "
+                      f"slice generation {_cell(dra['sliceGeneration'])}"]
     return "\n".join(lines)
 
 
@@ -174,7 +187,7 @@ def gather(run_dir: pathlib.Path, pod_resources_socket: pathlib.Path) -> tuple[d
     except PodResourcesUnavailable as exc:
         pod_resources_error = str(exc)
     report = build_report(programs, process_status.read_status(run_dir, SCANNER),
-                          {r.process_name: process_status.read_status(run_dir, r.process_name) for r in Resource},
+                          {name: process_status.read_status(run_dir, name) for name in (*WORKERS, WORKER_DRA)},
                           time.monotonic(), holders, pod_resources_error)
     return report, supervisord_error
 

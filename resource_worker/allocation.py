@@ -9,20 +9,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pathlib
-import time
 from collections.abc import Callable, Sequence
 
 from resource_worker.device_table import Advertised, DeviceTable
-from resource_worker.rsd_group import GroupChange, RsdGroupError, RsdGroups
 from shared.cdi_annotation import CdiAnnotation, allocate_annotations
 from shared.device_health import Health
+from shared.device_nodes import (
+    CONTAINER_RSD_PATH,
+    DEVICE_NODE_TIMEOUT,
+    DeviceNode,
+    first_missing,
+    rsd_host_path,
+)
 from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
+from shared.rsd_group import GroupChange, RsdGroupError, RsdGroups
 
-CONTAINER_RSD_PATH = "/dev/rsd0"
-DEVICE_PERMISSIONS = "rw"
-DEVICE_NODE_TIMEOUT = 5.0
-_NODE_POLL = 0.02
 _MAX_NAMED_IN_ERROR = 80
 _MAX_LISTED_IN_ERROR = 5
 
@@ -45,13 +47,6 @@ class AllocationError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceNode:
-    container_path: str
-    host_path: str
-    permissions: str = DEVICE_PERMISSIONS
-
-
-@dataclasses.dataclass(frozen=True)
 class ContainerAllocation:
     devices: tuple[DeviceRecord, ...]
     group: GroupChange
@@ -71,10 +66,6 @@ class ContainerAllocation:
     @property
     def rsd_host_path(self) -> str:
         return rsd_host_path(self.group.group_id)
-
-
-def rsd_host_path(group_id: int) -> str:
-    return f"/dev/rsd{group_id}"
 
 
 def _shown(device_id: str) -> str:
@@ -166,12 +157,8 @@ class Allocator:
 
     def _await_nodes(self, nodes: Sequence[DeviceNode], ids: Sequence[str]) -> None:
         """Wait, bounded, for each host node to exist under DEV_ROOT (a new RSD node appears asynchronously)."""
-        deadline = time.monotonic() + self._node_timeout
-        for node in nodes:
-            path = self._dev_root / node.host_path.removeprefix("/dev/")
-            while not path.exists():
-                if time.monotonic() >= deadline:
-                    raise AllocationError(ErrorKind.DEVICE_NODE_MISSING,
-                                          f"device node {node.host_path} for {_names(ids)} did not appear "
-                                          f"under {self._dev_root} within {self._node_timeout:g}s", ids)
-                time.sleep(_NODE_POLL)
+        missing = first_missing(self._dev_root, nodes, self._node_timeout)
+        if missing is not None:
+            raise AllocationError(ErrorKind.DEVICE_NODE_MISSING,
+                                  f"device node {missing.host_path} for {_names(ids)} did not appear "
+                                  f"under {self._dev_root} within {self._node_timeout:g}s", ids)

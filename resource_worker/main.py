@@ -14,9 +14,6 @@ from loguru import logger
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable
 from resource_worker.lifecycle import PluginInstance, Worker
-from resource_worker.rsd_group import RsdGroups
-from resource_worker.subscriber import InventorySubscriber
-from resource_worker.tracing import AllocationTracer, setup_tracing
 from shared.config import Settings
 from shared.device_status import read_status
 from shared.metrics import Recorder, recorder_for
@@ -24,6 +21,9 @@ from shared.plugin_socket import remove_stale_sockets
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
+from shared.rsd_group import RsdGroups
+from shared.subscriber import InventorySubscriber
+from shared.tracing import AllocationTracer, setup_tracing
 from shared.version import VERSION
 
 

@@ -24,10 +24,10 @@ from resource_worker.placement import (
     place,
 )
 from resource_worker.streams import StreamTracker
-from resource_worker.tracing import AllocateTrace, AllocationTracer
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.inventory import DeviceRecord
 from shared.metrics import Recorder, Result
+from shared.tracing import AllocateTrace, AllocationTracer
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _STATUS_CODES = {

@@ -131,6 +131,10 @@ def scan(smi: RblnSmi, sysfs_root: pathlib.Path, clock: Clock = time.monotonic_n
             pci_path=pci_paths.resolve(entry.bus_id),
             status=status,
             observed_at_ns=observed_at_ns,
+            uuid=entry.uuid,
+            firmware_version=entry.firmware_version,
+            pci_device_id=entry.pci_device_id,
+            memory_bytes=entry.memory_bytes,
         ))
     inventories = {resource: tuple(sorted(devices, key=lambda d: d.device_id))
                    for resource, devices in found.items()}

@@ -118,7 +118,8 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             for resource, devices in result.inventories.items():
                 sequence[resource] += 1
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
-                                                       devices, result.error, cdi_state.resolvable))
+                                                       devices, result.error, cdi_state.resolvable,
+                                                       result.driver_version))
             reporter.report(result, time.monotonic() - started)
             if labeller is not None:
                 labeller.update(result)

@@ -9,6 +9,7 @@ scanner, the workers and the watchdog can never disagree.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import pathlib
 import re
@@ -107,6 +108,26 @@ def _cdi_annotation(text: str) -> CdiAnnotation:
         raise ValueError(f"not one of {', '.join(policy.value for policy in CdiAnnotation)}") from None
 
 
+class ResourceApi(enum.Enum):
+    """How the node's NPUs reach Kubernetes; never both ways on one node."""
+
+    DEVICE_PLUGIN = "device-plugin"
+    DRA = "dra"
+
+
+def _resource_api(text: str) -> ResourceApi:
+    try:
+        return ResourceApi(text)
+    except ValueError:
+        raise ValueError(f"not one of {', '.join(api.value for api in ResourceApi)}") from None
+
+
+# The DRA driver's name (the kubelet plugin's name, the ResourceSlices' driver, the DeviceClasses' selector).
+DRA_DRIVER = "npu.rebellions.ai"
+DRA_SOCKET = "dra.sock"
+DRA_REGISTRATION_SOCKET = f"{DRA_DRIVER}-reg.sock"
+
+
 # Stands for CDI_ROOT in CDI_SPEC_DIRS, whose default follows the CDI root.
 CDI_ROOT_PLACEHOLDER = "$CDI_ROOT"
 
@@ -194,6 +215,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("cdi_spec_dirs", "--cdi-spec-dirs", "CDI_SPEC_DIRS", f"{CDI_ROOT_PLACEHOLDER}:/etc/cdi", _spec_dirs,
            "colon-separated CDI spec dirs searched for the annotation's device, as a runtime reads them "
            f"({CDI_ROOT_PLACEHOLDER} is CDI_ROOT)"),
+    Option("resource_api", "--resource-api", "RESOURCE_API", ResourceApi.DEVICE_PLUGIN.value, _resource_api,
+           "how the NPUs are served: device-plugin (one worker per resource name) or dra (the DRA driver "
+           f"{DRA_DRIVER}); never both on one node"),
+    Option("kubelet_plugins_path", "--kubelet-plugins-path", "KUBELET_PLUGINS_PATH", "/var/lib/kubelet/plugins",
+           _path, f"DRA: the kubelet's plugins dir; the DRA socket and the plugin's data are in {DRA_DRIVER}/ there"),
+    Option("kubelet_plugin_registry_path", "--kubelet-plugin-registry-path", "KUBELET_PLUGIN_REGISTRY_PATH",
+           "/var/lib/kubelet/plugins_registry", _path,
+           f"DRA: the kubelet's plugin registry dir, where {DRA_REGISTRATION_SOCKET} is made"),
+    Option("kubeconfig", None, "KUBECONFIG", "", _optional_path,
+           "DRA: kubeconfig file for the API server; empty uses the pod's service account"),
 )
 
 
@@ -217,6 +248,10 @@ class Settings:
     nfd_feature_file: pathlib.Path | None
     cdi_annotation: CdiAnnotation
     cdi_spec_dirs: tuple[pathlib.Path, ...]
+    resource_api: ResourceApi
+    kubelet_plugins_path: pathlib.Path
+    kubelet_plugin_registry_path: pathlib.Path
+    kubeconfig: pathlib.Path | None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -231,6 +266,9 @@ class Settings:
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
         run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
         _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
+        _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, DRA_SOCKET, "KUBELET_PLUGINS_PATH")
+        _check_socket_room(values["kubelet_plugin_registry_path"], DRA_REGISTRATION_SOCKET,
+                           "KUBELET_PLUGIN_REGISTRY_PATH")
         values["cdi_spec_dirs"] = tuple(values["cdi_root"] if d == CDI_ROOT_PLACEHOLDER else pathlib.Path(d)
                                         for d in values["cdi_spec_dirs"])
         if not values["node_name"]:
@@ -240,6 +278,19 @@ class Settings:
     @property
     def kubelet_socket(self) -> pathlib.Path:
         return self.kubelet_device_plugin_path / "kubelet.sock"
+
+    @property
+    def dra_plugin_dir(self) -> pathlib.Path:
+        """The DRA plugin's own dir: its socket and its data (the checkpoint)."""
+        return self.kubelet_plugins_path / DRA_DRIVER
+
+    @property
+    def dra_socket(self) -> pathlib.Path:
+        return self.dra_plugin_dir / DRA_SOCKET
+
+    @property
+    def dra_registration_socket(self) -> pathlib.Path:
+        return self.kubelet_plugin_registry_path / DRA_REGISTRATION_SOCKET
 
     def log_fields(self) -> dict[str, Any]:
         """The resolved configuration, as the startup record carries it."""
@@ -262,6 +313,10 @@ class Settings:
             "nfdFeatureFile": str(self.nfd_feature_file) if self.nfd_feature_file else "",
             "cdiAnnotation": self.cdi_annotation.value,
             "cdiSpecDirs": [str(d) for d in self.cdi_spec_dirs],
+            "resourceApi": self.resource_api.value,
+            "kubeletPluginsPath": str(self.kubelet_plugins_path),
+            "kubeletPluginRegistryPath": str(self.kubelet_plugin_registry_path),
+            "kubeconfig": str(self.kubeconfig) if self.kubeconfig else "",
         }
 
 

@@ -42,6 +42,11 @@ class DeviceRecord:
     status: StatusReading
     observed_at_ns: int
     """CLOCK_MONOTONIC (shared by every process of the node) when `status` was read."""
+    uuid: str = ""
+    firmware_version: str = ""
+    pci_device_id: str = ""
+    memory_bytes: int | None = None
+    """What DRA publishes of the device beyond what the device plugin needs; empty/None when unknown."""
 
 
 def card_key(sid: str, parent_pf: str | None) -> str | None:

@@ -27,7 +27,8 @@ from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.resources import Resource
 
 # 2: every message carries whether the CDI annotation's device resolves (`cdi`).
-SCHEMA_VERSION = 2
+# 3: the driver's version per message, each device's uuid, firmware, PCI device ID and memory (for DRA).
+SCHEMA_VERSION = 3
 SNAPSHOT_REQUEST = b"ICANHAZ?"
 SNAPSHOT_REPLY = b"KTHXBAI"
 # Far above a real node (a few hundred devices ~ 100 KiB) and far below harm.
@@ -49,6 +50,7 @@ class InventoryMessage:
     discovery_error: str | None = None
     cdi_resolvable: bool = False
     """Whether a spec in the CDI spec dirs resolves the device the Allocate annotation names (the scan's check)."""
+    driver_version: str = ""
 
 
 UPDATES_SOCKET = "inventory-updates.ipc"
@@ -83,6 +85,10 @@ def _device_to_wire(device: DeviceRecord) -> dict[str, Any]:
         "path": list(device.pci_path) if device.pci_path is not None else None,
         "status": device.status.code,
         "at": device.observed_at_ns,
+        "uuid": device.uuid,
+        "fw": device.firmware_version,
+        "pciid": device.pci_device_id,
+        "mem": device.memory_bytes,
     }
 
 
@@ -95,6 +101,7 @@ def encode(message: InventoryMessage) -> bytes:
         "scanned_at": message.scanned_at_ns,
         "error": message.discovery_error,
         "cdi": message.cdi_resolvable,
+        "driver": message.driver_version,
         "devices": [_device_to_wire(d) for d in message.devices],
     })
 
@@ -133,6 +140,10 @@ def _device_from_wire(raw: Any) -> DeviceRecord:
         pci_path=path,
         status=StatusReading(_optional(raw.get("status"), int, f"{device_id} status")),
         observed_at_ns=_expect(raw.get("at"), int, f"{device_id} observation time"),
+        uuid=_expect(raw.get("uuid"), str, f"{device_id} uuid"),
+        firmware_version=_expect(raw.get("fw"), str, f"{device_id} firmware"),
+        pci_device_id=_expect(raw.get("pciid"), str, f"{device_id} PCI device ID"),
+        memory_bytes=_optional(raw.get("mem"), int, f"{device_id} memory"),
     )
 
 
@@ -170,4 +181,5 @@ def decode(payload: bytes) -> InventoryMessage:
         devices=records,
         discovery_error=_optional(raw.get("error"), str, "error"),
         cdi_resolvable=cdi_resolvable,
+        driver_version=_expect(raw.get("driver"), str, "driver"),
     )

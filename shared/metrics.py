@@ -90,8 +90,17 @@ SCAN_DURATION = Family("rbln_device_plugin_scan_duration_seconds", Kind.HISTOGRA
                        "Time of one scan of the node (rbln-smi and sysfs)", (), _TOOL_BUCKETS)
 KUBELET_RESTARTS = Family("rbln_device_plugin_kubelet_restarts_total", Kind.COUNTER,
                           "Kubelet restarts noticed (kubelet.sock created anew), each followed by new registrations")
+DRA_PREPARES = Family("rbln_device_plugin_dra_prepares_total", Kind.COUNTER,
+                      "Claims of NodePrepareResources calls answered by worker-dra, by result", ("result",))
+DRA_PREPARE_DURATION = Family("rbln_device_plugin_dra_prepare_duration_seconds", Kind.HISTOGRAM,
+                              "Time from the start of a NodePrepareResources call until each of its claims was "
+                              "answered", (), _ALLOCATE_BUCKETS)
+DRA_SLICE_PUBLISHES = Family("rbln_device_plugin_dra_slice_publishes_total", Kind.COUNTER,
+                             "ResourceSlice reconciliations that changed the API server, or failed, by result",
+                             ("result",))
 EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
-                  RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS)
+                  RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS, DRA_PREPARES,
+                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES)
 
 # State families.
 DEVICES = Family("rbln_device_plugin_devices", Kind.GAUGE,
@@ -112,10 +121,15 @@ READY = Family("rbln_device_plugin_ready", Kind.GAUGE,
 CDI_SPEC_RESOLVABLE = Family("rbln_device_plugin_cdi_spec_resolvable", Kind.GAUGE,
                              "1 while a CDI spec in the spec dirs resolves rebellions.ai/npu=runtime, the device "
                              "the Allocate annotation names")
+DRA_PREPARED_CLAIMS = Family("rbln_device_plugin_dra_prepared_claims", Kind.GAUGE,
+                             "ResourceClaims worker-dra holds prepared (its checkpoint)")
 STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY,
-                  CDI_SPEC_RESOLVABLE)
+                  CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS)
 
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
+# What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
+# appear in both modes, as zero while nothing happened.
+DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
@@ -176,15 +190,15 @@ class Recorder:
             maxlen=_MAX_PENDING)
         # Whether the failure to record is reported; the first success after it is reported too.
         self._failure_logged = False
-        # What `load` was asked to make zero series of: (resource, rbln-smi commands).
-        self._zero_series: tuple[str | None, tuple[str, ...]] = (None, ())
+        # What `load` was asked to make zero series of: (resource, rbln-smi commands, worker-dra's families).
+        self._zero_series: tuple[str | None, tuple[str, ...], bool] = (None, (), False)
 
-    def load(self, resource: str | None = None, smi_commands: Iterable[str] = ()) -> None:
+    def load(self, resource: str | None = None, smi_commands: Iterable[str] = (), dra: bool = False) -> None:
         """Import prometheus_client and make the families now, off the path of the first event, with a zero
         series for each label set this process can record (a resource's allocations of either result, its
         rbln-smi commands): a query then finds zero rather than nothing before the first event. Families
         that cannot be made now (no room for their files) are made at a later flush, zero series and all."""
-        self._zero_series = (resource, tuple(smi_commands))
+        self._zero_series = (resource, tuple(smi_commands), dra)
         try:
             self._load()
         except Exception as exc:  # as flush: metrics never cost the process
@@ -193,7 +207,7 @@ class Recorder:
     def _load(self) -> None:
         if self.directory is None or self._families is not None:
             return
-        resource, smi_commands = self._zero_series
+        resource, smi_commands, dra = self._zero_series
         with self._lock:
             if self._families is not None:
                 return
@@ -206,6 +220,10 @@ class Recorder:
             for command in smi_commands:
                 families[RBLN_SMI_DURATION].labels(command)
                 families[RBLN_SMI_FAILURES].labels(command)
+            if dra:
+                for result in Result:
+                    families[DRA_PREPARES].labels(result.value)
+                    families[DRA_SLICE_PUBLISHES].labels(result.value)
             self._families = families
 
     def _failed(self, exc: Exception) -> None:
@@ -268,6 +286,20 @@ class Recorder:
                 f[PREFERRED_ALLOCATION_FALLBACKS].labels(resource).inc(fallbacks)
 
         self._record(work)
+
+    def prepares(self, result: Result, seconds: float) -> None:
+        """One claim of a NodePrepareResources call, answered `seconds` after the call began."""
+        def work(f: dict[Family, Any]) -> None:
+            f[DRA_PREPARES].labels(result.value).inc()
+            f[DRA_PREPARE_DURATION].observe(seconds)
+
+        self._record(work)
+
+    def slice_publish(self, ok: bool) -> None:
+        """A reconciliation of the ResourceSlices that changed them, or failed; written at once (the publisher's
+        thread is the one place it happens)."""
+        self._record(lambda f: f[DRA_SLICE_PUBLISHES].labels((Result.SUCCESS if ok else Result.FAILURE).value).inc())
+        self.flush()
 
     def kubelet_restart(self) -> None:
         self._record(lambda f: f[KUBELET_RESTARTS].inc())

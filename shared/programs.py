@@ -1,15 +1,31 @@
 """The programs of the stack: their supervisord program names, which are also the `process` key of every log
 record and the names of each process's log and status files (docs/interface.md#processes).
 
-supervisor.conf has a `[program:<name>]` section for each, and a test holds the two together.
+supervisor.conf has a `[program:<name>]` section for each of ALL_PROGRAMS, and a test holds the two together;
+which of them run depends on RESOURCE_API (`programs_for`): the three device plugin workers, or worker-dra.
 """
 
 from __future__ import annotations
 
+from shared.config import ResourceApi
 from shared.resources import Resource
 
 SCANNER = "scanner"
 WATCHDOG = "watchdog"
+WORKER_DRA = "worker-dra"
 WORKERS = tuple(resource.process_name for resource in Resource)
-# In the order supervisord starts them.
+# In the order supervisord starts them: the device plugin mode's programs, and the DRA mode's.
 PROGRAMS = (SCANNER, *WORKERS, WATCHDOG)
+DRA_PROGRAMS = (SCANNER, WORKER_DRA, WATCHDOG)
+ALL_PROGRAMS = (SCANNER, *WORKERS, WORKER_DRA, WATCHDOG)
+
+
+def programs_for(api: ResourceApi) -> tuple[str, ...]:
+    return DRA_PROGRAMS if api is ResourceApi.DRA else PROGRAMS
+
+
+def autostart_environment(api: ResourceApi) -> dict[str, str]:
+    """What supervisor.conf's `autostart` lines read: each mode's own programs start, the other's never do."""
+    dra = api is ResourceApi.DRA
+    return {"RBLN_DEVICE_PLUGIN_WORKERS_AUTOSTART": "false" if dra else "true",
+            "RBLN_DEVICE_PLUGIN_DRA_AUTOSTART": "true" if dra else "false"}

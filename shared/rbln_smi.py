@@ -34,6 +34,8 @@ _ERROR_EXCERPT = 2048
 _NPU_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 _MAX_NAME_IN_ERROR = 80
 _MAX_VERSION_CHARS = 256
+# The Kubernetes API's bound on a string attribute of a ResourceSlice device.
+_MAX_ATTRIBUTE_CHARS = 64
 # All of the stack's environment the tool gets: what any command-line tool expects, nothing more (its
 # documentation names no variable of its own). Settings, supervisord's socket URL or an OTLP header
 # token are no business of the tool's.
@@ -76,6 +78,12 @@ class SmiDevice:
     bus_id: str
     numa_node: str
     group_id: int | None
+    uuid: str = ""
+    firmware_version: str = ""
+    pci_device_id: str = ""
+    """`pci.dev` as the tool prints it."""
+    memory_bytes: int | None = None
+    """`memory.total`; None when absent, malformed or not positive."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +242,24 @@ def _parse_device(entry: Any) -> SmiDevice:
             shown = str(group_raw)[:_MAX_NAME_IN_ERROR]
             raise ValueError(f"{named}: 'group_id' {shown!r} is not an integer") from None
     return SmiDevice(device=device, npu=npu, name=_text(entry.get("name")), sid=_text(entry.get("sid")),
-                     bus_id=bus_id, numa_node=_text(pci.get("numa_node")), group_id=group_id)
+                     bus_id=bus_id, numa_node=_text(pci.get("numa_node")), group_id=group_id,
+                     uuid=_short_text(entry.get("uuid")), firmware_version=_short_text(entry.get("fw_ver")),
+                     pci_device_id=_short_text(pci.get("dev")), memory_bytes=_memory_bytes(entry.get("memory")))
+
+
+def _short_text(value: Any) -> str:
+    """An identity string published as a DRA attribute (at most 64 characters there): anything longer or not
+    text is no value."""
+    return value.strip() if isinstance(value, str) and len(value.strip()) <= _MAX_ATTRIBUTE_CHARS else ""
+
+
+def _memory_bytes(memory: Any) -> int | None:
+    total = memory.get("total") if isinstance(memory, dict) else None
+    try:
+        value = int(str(total).strip())
+    except ValueError:
+        return None
+    return value if 0 < value < 2**62 else None
 
 
 def parse_listing(output: bytes) -> SmiListing:

@@ -8,7 +8,8 @@ import pytest
 # The conformance scenarios drive the stack with the real kubelet's device manager: they need root and
 # a Go build, so tests/conformance/run.sh runs them with their own configuration, never this run.
 # tests/nfd and tests/cdi likewise: their run.sh builds real NFD programs and the CDI reference library's checker.
-collect_ignore = ["conformance", "nfd", "cdi"]
+# tests/dra likewise: its run.sh builds kube-apiserver, etcd and the kubelet's DRA manager.
+collect_ignore = ["conformance", "nfd", "cdi", "dra"]
 
 
 @pytest.fixture

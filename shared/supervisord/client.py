@@ -95,9 +95,11 @@ class Supervisor:
         self._call(what, lambda: _checked(self._proxy.system.multicall(calls), tolerated))
 
     def programs(self) -> dict[str, dict]:
-        """Every program's process info, keyed by name."""
+        """Every program's process info, keyed by name; but the programs supervisord never started: those of
+        the other RESOURCE_API mode (supervisor.conf defines both; only this mode's start)."""
         infos = self._call("reading program states", self._proxy.supervisor.getAllProcessInfo)
-        return {info["name"]: info for info in infos}
+        return {info["name"]: info for info in infos
+                if not (info.get("statename") == "STOPPED" and info.get("start") == 0)}
 
     def restart(self, names: Iterable[str]) -> None:
         """Stop all of `names` at once and start each again as soon as it is down."""

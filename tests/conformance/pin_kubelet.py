@@ -7,6 +7,9 @@ changes between minors. The list is taken from the release's own go.mod, never w
 
     python tests/conformance/pin_kubelet.py v1.37.2   # pin a release: rewrites harness/go.mod and go.sum
     python tests/conformance/pin_kubelet.py --check   # the committed replaces are the pinned release's
+
+`--harness DIR` does the same for another Go module on k8s.io/kubernetes (tests/dra/harness, the DRA harness:
+kube-apiserver and the kubelet's DRA manager), which must stay at the conformance harness's release.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ KUBERNETES = "k8s.io/kubernetes"
 _RELEASE = re.compile(r"^v1\.(\d+\.\d+(?:-[0-9A-Za-z.-]+)?)$")
 
 
-def go(*args: str) -> str:
-    return subprocess.run(["go", *args], cwd=HARNESS, check=True, capture_output=True, text=True).stdout
+def go(*args: str, harness: pathlib.Path = HARNESS) -> str:
+    return subprocess.run(["go", *args], cwd=harness, check=True, capture_output=True, text=True).stdout
 
 
 def staging_version(release: str) -> str:
@@ -55,46 +58,46 @@ def release_go_mod(release: str) -> dict[str, Any]:
     return json.loads(go("mod", "edit", "-json", download["GoMod"]))
 
 
-def harness_go_mod() -> dict[str, Any]:
-    return json.loads(go("mod", "edit", "-json"))
+def harness_go_mod(harness: pathlib.Path = HARNESS) -> dict[str, Any]:
+    return json.loads(go("mod", "edit", "-json", harness=harness))
 
 
-def pinned_release(harness_mod: dict[str, Any]) -> str:
+def pinned_release(harness_mod: dict[str, Any], harness: pathlib.Path = HARNESS) -> str:
     for requirement in harness_mod.get("Require") or []:
         if requirement["Path"] == KUBERNETES:
             return requirement["Version"]
-    raise ValueError(f"{HARNESS / 'go.mod'} does not require {KUBERNETES}")
+    raise ValueError(f"{harness / 'go.mod'} does not require {KUBERNETES}")
 
 
 def current_replaces(harness_mod: dict[str, Any]) -> dict[str, str]:
     return {r["Old"]["Path"]: r["New"].get("Version", r["New"]["Path"]) for r in harness_mod.get("Replace") or []}
 
 
-def pin(release: str) -> None:
-    if not (HARNESS / "go.mod").exists():
-        go("mod", "init", MODULE_NAME)
+def pin(release: str, harness: pathlib.Path = HARNESS) -> None:
+    if not (harness / "go.mod").exists():
+        go("mod", "init", MODULE_NAME if harness == HARNESS else f"{harness.parent.name}-harness", harness=harness)
     release_mod = release_go_mod(release)
     wanted = staging_replaces(release_mod, release)
     # The release's own minimum Go, not this machine's (tidy raises it if a dependency needs more).
     edits = [f"-go={release_mod['Go']}"]
-    edits += [f"-dropreplace={path}" for path in current_replaces(harness_go_mod())]
-    go("mod", "edit", f"-require={KUBERNETES}@{release}", *edits)
-    with open(HARNESS / "go.mod", "a") as go_mod:
+    edits += [f"-dropreplace={path}" for path in current_replaces(harness_go_mod(harness))]
+    go("mod", "edit", f"-require={KUBERNETES}@{release}", *edits, harness=harness)
+    with open(harness / "go.mod", "a") as go_mod:
         go_mod.write(replace_block(wanted, release))
-    go("mod", "tidy")
-    print(f"pinned {KUBERNETES} {release} with {len(wanted)} staging module replaces")
+    go("mod", "tidy", harness=harness)
+    print(f"pinned {KUBERNETES} {release} with {len(wanted)} staging module replaces in {harness}")
 
 
-def check() -> int:
-    harness_mod = harness_go_mod()
-    release = pinned_release(harness_mod)
+def check(harness: pathlib.Path = HARNESS) -> int:
+    harness_mod = harness_go_mod(harness)
+    release = pinned_release(harness_mod, harness)
     wanted = staging_replaces(release_go_mod(release), release)
     current = current_replaces(harness_mod)
     if current == wanted:
         return 0
     missing = {p: v for p, v in wanted.items() if current.get(p) != v}
     extra = sorted(set(current) - set(wanted))
-    print(f"{HARNESS / 'go.mod'}: replaces do not match {KUBERNETES} {release}'s staging modules; "
+    print(f"{harness / 'go.mod'}: replaces do not match {KUBERNETES} {release}'s staging modules; "
           f"missing or wrong: {missing or 'none'}, not staging modules: {extra or 'none'}; "
           f"run: python {pathlib.Path(__file__).name} {release}", file=sys.stderr)
     return 1
@@ -105,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("release", nargs="?", help="a k8s.io/kubernetes release, e.g. v1.37.2")
     group.add_argument("--check", action="store_true", help="check the committed go.mod against its pin")
+    parser.add_argument("--harness", type=pathlib.Path, default=HARNESS,
+                        help="the Go module's directory (default: the conformance harness)")
     args = parser.parse_args(argv)
+    harness = args.harness.resolve()
     try:
         if args.check:
-            return check()
-        pin(args.release)
+            return check(harness)
+        pin(args.release, harness)
     except subprocess.CalledProcessError as exc:
         print(f"{' '.join(exc.cmd)} failed: {exc.stderr.strip()}", file=sys.stderr)
         return 1

@@ -50,20 +50,6 @@ KUBELET_HARNESS="$WORK/kubelet-harness" "$PYTHON" -m pytest -c "$HERE/pytest.ini
 PYTEST_STATUS=$?
 
 # Counts from the JUnit report; an error, a skip or a missing report is no pass.
-read -r PASSED FAILED < <("$PYTHON" - "$WORK/report.xml" <<'EOF'
-import sys
-import xml.etree.ElementTree as ElementTree
-try:
-    suites = ElementTree.parse(sys.argv[1]).getroot().iter("testsuite")
-except (OSError, ElementTree.ParseError):
-    print(0, 0)
-    sys.exit()
-total = not_passed = 0
-for suite in suites:
-    total += int(suite.get("tests", 0))
-    not_passed += sum(int(suite.get(key, 0)) for key in ("failures", "errors", "skipped"))
-print(total - not_passed, not_passed)
-EOF
-)
+read -r PASSED FAILED < <("$PYTHON" tests/junit_counts.py "$WORK/report.xml")
 echo "$PASSED passed, $FAILED failed"
 [ "$PYTEST_STATUS" = 0 ] && [ "$FAILED" = 0 ] && [ "$PASSED" -gt 0 ]

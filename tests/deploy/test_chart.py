@@ -137,6 +137,7 @@ DEFAULT_ENV = {
     "DEV_ROOT": "/dev",
     "RBLN_RSD_LOCK_FILE": "/var/run/rbln-rsd-group.lock",
     "RBLN_DEVICE_PLUGIN_RUN_DIR": "/run/rbln-device-plugin",
+    "RESOURCE_API": "device-plugin",
     "NODE_NAME": ("fieldRef", "spec.nodeName"),
 }
 
@@ -545,8 +546,10 @@ def host_paths(spec: dict) -> list[tuple[str, str, str, str, str]]:
 # What the stack writes on the node, and so the only hostPath volumes mounted read-write: the kubelet's
 # directory (worker sockets), the CDI root (stale specs removed at start), /dev (the device nodes rbln-smi
 # opens), the RSD lock file (flock), the log dir and NFD's feature directory (the node-label file, with
-# featureDiscovery.enabled). A new one must be argued for in docs/security.md.
-READ_WRITE_VOLUMES = {"kubelet-device-plugins", "cdi-root", "dev", "rsd-lock", "log-dir", "nfd-features"}
+# featureDiscovery.enabled), and with resourceApi dra the kubelet's plugin and registry directories (worker-dra's
+# sockets and checkpoint). A new one must be argued for in docs/security.md.
+READ_WRITE_VOLUMES = {"kubelet-device-plugins", "cdi-root", "dev", "rsd-lock", "log-dir", "nfd-features",
+                      "kubelet-plugins", "kubelet-plugins-registry"}
 
 
 def test_every_host_path_and_its_mode():
@@ -925,3 +928,75 @@ def test_the_node_feature_rule_passes_the_checks_and_a_broken_one_would_not():
 ])
 def test_notes_say_what_became_of_the_node_labels(sets, says):
     assert says in install_notes(*sets)
+
+
+# --- Dynamic Resource Allocation (resourceApi: dra) -------------------------------------------------------
+
+DRA_VALUES = ROOT / "deploy/helm/ci-values/dra.yaml"
+DRA_CLASSES = {
+    "npu.rebellions.ai": ('device.driver == "npu.rebellions.ai" && '
+                          'device.attributes["npu.rebellions.ai"].type == "npu"', "rebellions.ai/npu"),
+    "npu-vf1.rebellions.ai": ('device.driver == "npu.rebellions.ai" && '
+                              'device.attributes["npu.rebellions.ai"].type == "vf" && '
+                              'device.attributes["npu.rebellions.ai"].vfCount == 1', "rebellions.ai/npu-vf1"),
+    "npu-vf4.rebellions.ai": ('device.driver == "npu.rebellions.ai" && '
+                              'device.attributes["npu.rebellions.ai"].type == "vf" && '
+                              'device.attributes["npu.rebellions.ai"].vfCount == 4', "rebellions.ai/npu-vf4"),
+}
+
+
+def test_dra_mode_has_the_three_device_classes_with_their_extended_resources():
+    classes = {doc["metadata"]["name"]: doc for doc in render(values=DRA_VALUES) if doc["kind"] == "DeviceClass"}
+    assert {name: (" ".join(doc["spec"]["selectors"][0]["cel"]["expression"].split()),
+                   doc["spec"]["extendedResourceName"]) for name, doc in classes.items()} == DRA_CLASSES
+    assert {doc["apiVersion"] for doc in classes.values()} == {"resource.k8s.io/v1"}
+    assert not [d for d in render("dra.deviceClasses=false", values=DRA_VALUES) if d["kind"] == "DeviceClass"]
+
+
+def test_dra_mode_grants_exactly_what_worker_dra_needs_to_its_service_account_and_mounts_the_token():
+    docs = render(values=DRA_VALUES)
+    role = next(doc for doc in docs if doc["kind"] == "ClusterRole")
+    assert {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"]} == manifest_checks.DRA_RULES
+    binding = next(doc for doc in docs if doc["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod_spec(values=DRA_VALUES)["serviceAccountName"],
+                                    "namespace": NAMESPACE}]
+    assert pod_spec(values=DRA_VALUES)["automountServiceAccountToken"] is True
+    account = next(doc for doc in docs if doc["kind"] == "ServiceAccount")
+    assert account["automountServiceAccountToken"] is True
+    assert manifest_checks.problems(docs) == []
+
+
+def test_device_plugin_mode_has_no_rbac_no_classes_and_no_token():
+    kinds = {doc["kind"] for doc in render()}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+    assert pod_spec()["automountServiceAccountToken"] is False
+
+
+def test_dra_mode_sets_its_environment_and_mounts_the_kubelet_s_plugin_dirs():
+    env = env_of(plugin_container(values=DRA_VALUES))
+    assert env["RESOURCE_API"] == "dra"
+    assert env["KUBELET_PLUGINS_PATH"] == "/var/lib/kubelet/plugins"
+    assert env["KUBELET_PLUGIN_REGISTRY_PATH"] == "/var/lib/kubelet/plugins_registry"
+    mounts = mounts_of(values=DRA_VALUES)
+    assert mounts["/var/lib/kubelet/plugins"] == ("hostPath", "/var/lib/kubelet/plugins", False)
+    assert mounts["/var/lib/kubelet/plugins_registry"] == ("hostPath", "/var/lib/kubelet/plugins_registry", False)
+    assert "/var/lib/kubelet/plugins" not in mounts_of()
+
+
+def test_the_manifest_checks_catch_rbac_in_the_wrong_mode():
+    dra_docs = render(values=DRA_VALUES)
+    without_rbac = [d for d in dra_docs if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")]
+    assert any("RESOURCE_API=dra grants" in p for p in manifest_checks.problems(without_rbac))
+    device_plugin = render() + [d for d in dra_docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert any("the device plugin calls no API" in p for p in manifest_checks.problems(device_plugin))
+    bad_class = {"kind": "DeviceClass", "metadata": {"name": "x"},
+                 "spec": {"selectors": [{"cel": {"expression": "true"}}], "extendedResourceName": "example.com/x"}}
+    assert len(manifest_checks.problems([bad_class])) == 2
+
+
+def test_notes_say_how_each_mode_shows_the_npus():
+    dra = install_notes("resourceApi=dra")
+    assert "kubectl get resourceslices --field-selector spec.driver=npu.rebellions.ai" in dra
+    assert "status.allocatable" not in dra
+    assert "status.allocatable.rebellions" in install_notes() and "resourceslices" not in install_notes()

@@ -9,9 +9,9 @@ import yaml
 from tests.deploy import ROOT
 
 GUIDE = (ROOT / "docs" / "operations.md").read_text()
-STACK_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog")
+STACK_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker")
 VALUE_ROOTS = ("devicePlugin", "logging", "paths", "partitionReadyGate", "image", "metrics", "featureDiscovery",
-               "nodeFeatureRule")
+               "nodeFeatureRule", "dra")
 
 
 def _code_spans() -> set[str]:

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from rbln_device_plugin import logs as logs_command
-from resource_worker import tracing
+from shared import tracing
 from shared.programs import PROGRAMS, WORKERS
 from shared.resources import Resource
 from shared.version import VERSION

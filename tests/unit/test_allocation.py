@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from resource_worker.allocation import AllocationError, Allocator, ErrorKind
 from resource_worker.device_table import DeviceTable
-from resource_worker.rsd_group import GroupChange, RsdGroupError
 from shared.device_status import StatusReading
 from shared.rbln_smi import SmiUsage
 from shared.resources import Resource
+from shared.rsd_group import GroupChange, RsdGroupError
 from tests.unit.test_ipc import message, record
 
 READY, FAULT = StatusReading(0), StatusReading(4)

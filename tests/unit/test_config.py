@@ -154,3 +154,29 @@ def test_a_feature_file_nfd_would_not_read_is_refused(value, fragment):
     with pytest.raises(ConfigError, match="NFD_FEATURE_FILE") as caught:
         Settings.from_environ({"NFD_FEATURE_FILE": value})
     assert fragment in str(caught.value)
+
+
+def test_dra_settings_default_to_the_kubelet_s_paths_and_device_plugin_mode():
+    from shared.config import ResourceApi
+
+    settings = Settings.from_environ({"NODE_NAME": "node-a"})
+    assert settings.resource_api is ResourceApi.DEVICE_PLUGIN
+    assert settings.dra_socket == pathlib.Path("/var/lib/kubelet/plugins/npu.rebellions.ai/dra.sock")
+    assert settings.dra_registration_socket == pathlib.Path(
+        "/var/lib/kubelet/plugins_registry/npu.rebellions.ai-reg.sock")
+    assert settings.kubeconfig is None
+    dra = Settings.from_environ({"RESOURCE_API": "dra", "KUBECONFIG": "/etc/kube/config"})
+    assert dra.resource_api is ResourceApi.DRA and dra.kubeconfig == pathlib.Path("/etc/kube/config")
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"RESOURCE_API": "both"}, "RESOURCE_API"),
+    ({"RESOURCE_API": "DRA"}, "RESOURCE_API"),
+    ({"KUBELET_PLUGINS_PATH": ""}, "KUBELET_PLUGINS_PATH"),
+    ({"KUBELET_PLUGINS_PATH": "/" + "p" * 90}, "KUBELET_PLUGINS_PATH"),
+    ({"KUBELET_PLUGIN_REGISTRY_PATH": "/" + "r" * 90}, "KUBELET_PLUGIN_REGISTRY_PATH"),
+])
+def test_bad_dra_settings_stop_the_process_with_one_line_naming_them(env, named):
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_environ(env)
+    assert str(refused.value).startswith(f"invalid {named} ") and "\n" not in str(refused.value)

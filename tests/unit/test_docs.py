@@ -15,7 +15,7 @@ from shared.metrics import FAMILIES
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # The processes' packages, whose records the catalogue lists.
-LOGGING_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog")
+LOGGING_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker")
 _LEVEL_METHODS = {"debug", "info", "warning", "error", "log", "_log_wait", "_announce"}
 
 

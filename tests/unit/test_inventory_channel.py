@@ -9,10 +9,10 @@ import time
 import pytest
 import zmq
 
-from resource_worker.subscriber import InventorySubscriber, SyncState
 from scanner.publisher import InventoryPublisher
 from shared import ipc
 from shared.resources import Resource
+from shared.subscriber import InventorySubscriber, SyncState
 from tests.unit.test_ipc import message, record
 
 

@@ -13,7 +13,8 @@ import pathlib
 from collections.abc import Iterator, Mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LAYERS = (("shared",), ("scanner", "resource_worker", "kubelet_watchdog", "simulator"), ("rbln_device_plugin",))
+LAYERS = (("shared",), ("scanner", "resource_worker", "kubelet_watchdog", "dra_worker", "simulator"),
+          ("rbln_device_plugin",))
 # Never imported by the product: what a wheel does not ship.
 OUTSIDE = ("tests", "bench", "deploy", "protos")
 

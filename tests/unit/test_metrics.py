@@ -21,11 +21,11 @@ from prometheus_client.registry import CollectorRegistry
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
 from resource_worker.servicer import DevicePluginServicer
 from resource_worker.streams import StreamTracker
-from resource_worker.tracing import AllocationTracer
 from shared import metrics
 from shared.deviceplugin.v1beta1 import api_pb2
 from shared.metrics import EVENT_FAMILIES, MULTIPROC_ENV, Recorder, Result, recorder_for, reset_metrics_dir
 from shared.resources import Resource
+from shared.tracing import AllocationTracer
 from tests.unit.test_allocation import make_allocator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

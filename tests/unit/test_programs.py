@@ -6,7 +6,18 @@ import configparser
 import pathlib
 import shlex
 
-from shared.programs import PROGRAMS, SCANNER, WATCHDOG, WORKERS
+from shared.config import ResourceApi
+from shared.programs import (
+    ALL_PROGRAMS,
+    DRA_PROGRAMS,
+    PROGRAMS,
+    SCANNER,
+    WATCHDOG,
+    WORKER_DRA,
+    WORKERS,
+    autostart_environment,
+    programs_for,
+)
 from shared.resources import Resource
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -21,7 +32,25 @@ def _programs() -> dict[str, str]:
 
 
 def test_supervisor_conf_has_a_program_for_each_name_and_no_other():
-    assert list(_programs()) == list(PROGRAMS)
+    assert list(_programs()) == list(ALL_PROGRAMS)
+
+
+def test_each_mode_runs_its_own_programs_and_never_the_other_s():
+    assert programs_for(ResourceApi.DEVICE_PLUGIN) == PROGRAMS
+    assert programs_for(ResourceApi.DRA) == DRA_PROGRAMS == (SCANNER, WORKER_DRA, WATCHDOG)
+    assert not set(WORKERS) & set(DRA_PROGRAMS)
+
+
+def test_autostart_follows_the_mode():
+    """supervisor.conf starts the device plugin workers or worker-dra, by the variables `run` sets."""
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(ROOT / "supervisor.conf")
+    for api in ResourceApi:
+        environ = autostart_environment(api)
+        started = [name for name in ALL_PROGRAMS
+                   if conf[f"program:{name}"].get("autostart", "true").replace("%(ENV_", "").replace(")s", "")
+                   in ("true", *(key for key, value in environ.items() if value == "true"))]
+        assert started == list(programs_for(api)), api
 
 
 def test_the_names_are_the_process_names_of_the_logs():
@@ -34,3 +63,4 @@ def test_each_program_runs_its_own_process():
     assert commands[WATCHDOG] == ["-m", "kubelet_watchdog"]
     for name in WORKERS:
         assert commands[name] == ["-m", "resource_worker", "--resource", Resource.from_process_name(name).value]
+    assert commands[WORKER_DRA] == ["-m", "dra_worker"]

@@ -10,7 +10,7 @@ from shared.deviceplugin.v1beta1 import api_pb2
 from shared.podresources.v1 import api_pb2 as podresources_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-APIS = ("deviceplugin/v1beta1", "podresources/v1")
+APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1")
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,38 @@ def test_pod_resources_wire_contract():
     assert numbers(podresources_pb2.ContainerResources) == {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4,
                                                             "dynamic_resources": 5}
     assert numbers(podresources_pb2.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
+
+
+def test_plugin_registration_wire_contract():
+    """The kubelet's plugin watcher calls /pluginregistration.Registration/* on the registration socket."""
+    from shared.pluginregistration.v1 import api_pb2 as registration_pb2
+
+    service = registration_pb2.DESCRIPTOR.services_by_name["Registration"]
+    assert service.full_name == "pluginregistration.Registration"
+    assert [m.name for m in service.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+    numbers = {f.name: f.number for f in registration_pb2.PluginInfo.DESCRIPTOR.fields}
+    assert numbers == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    status = {f.name: f.number for f in registration_pb2.RegistrationStatus.DESCRIPTOR.fields}
+    assert status == {"plugin_registered": 1, "error": 2}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_dra_wire_contract(version):
+    """Both DRA services the kubelet may pick, with the same messages and field numbers."""
+    import importlib
+
+    dra_pb2 = importlib.import_module(f"shared.dra.{version}.api_pb2")
+    assert dra_pb2.DESCRIPTOR.package == f"k8s.io.kubelet.pkg.apis.dra.{version}"
+    service = dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert service.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
+    assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+
+    def numbers(message):
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+    assert numbers(dra_pb2.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+    assert numbers(dra_pb2.NodePrepareResourcesRequest) == {"claims": 1}
+    assert numbers(dra_pb2.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
+    assert numbers(dra_pb2.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4,
+                                       "share_id": 5}
+    assert numbers(dra_pb2.NodeUnprepareResourceResponse) == {"error": 1}

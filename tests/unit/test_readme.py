@@ -24,8 +24,9 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 # The packages whose every module the README's map names; generated stubs are named by their directories.
-MAPPED_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "rbln_device_plugin", "simulator")
-GENERATED = ("shared/deviceplugin/", "shared/podresources/")
+MAPPED_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker", "rbln_device_plugin",
+                   "simulator")
+GENERATED = ("shared/deviceplugin/", "shared/podresources/", "shared/pluginregistration/", "shared/dra/")
 
 
 def _map_entries() -> list[str]:

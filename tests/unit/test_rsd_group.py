@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from resource_worker.rsd_group import RsdGroupError, RsdGroups, held_flock, next_group_id
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice, SmiListing, run_bounded
+from shared.rsd_group import RsdGroupError, RsdGroups, held_flock, next_group_id
 from simulator.node import SimulatedNode, build_node
 from simulator.smi_state import CHANGE_LOCK
 from simulator.spec import NodeSpec
@@ -146,7 +146,7 @@ def test_a_caller_killed_mid_change_never_lets_another_change_overlap_it(node):
     node.set_smi_fault("slow", ["create"], delay=1.5)
     caller = subprocess.Popen([sys.executable, "-c", (
         "import pathlib, sys\n"
-        "from resource_worker.rsd_group import RsdGroups\n"
+        "from shared.rsd_group import RsdGroups\n"
         "from shared.rbln_smi import RblnSmi\n"
         "from tests.unit.test_ipc import record\n"
         f"device = record('rbln0', npu=0, bus_id={node.device('rbln0').bus_id!r})\n"

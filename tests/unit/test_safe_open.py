@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from resource_worker.rsd_group import RsdGroupError, held_flock
 from shared import safe_open
+from shared.rsd_group import RsdGroupError, held_flock
 from shared.safe_open import UnsafePathError, ensure_private_dir, open_file
 
 SETTING = "SOME_SETTING"

@@ -1,4 +1,4 @@
-"""Allocation tracing (resource_worker.tracing) with an in-memory exporter; the OTLP path is in
+"""Allocation tracing (shared.tracing) with an in-memory exporter; the OTLP path is in
 tests/integration/test_observability.py."""
 
 import subprocess
@@ -10,8 +10,8 @@ from loguru import logger
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from resource_worker import tracing
 from resource_worker.allocation import AllocationError, ErrorKind
+from shared import tracing
 
 NPU = "rebellions.ai/npu"
 
@@ -51,7 +51,7 @@ def test_without_an_endpoint_the_sdk_is_never_imported():
     code = """
 import sys
 import resource_worker.main
-from resource_worker.tracing import setup_tracing
+from shared.tracing import setup_tracing
 for endpoint in ("", "not an endpoint"):
     tracer = setup_tracing(endpoint, "1.0", "node-a")
     with tracer.allocate("rebellions.ai/npu") as trace:
@@ -228,3 +228,21 @@ def test_shutdown_never_raises(logged):
     assert (record["level"].name, record["message"], record["extra"]["component"]) == (
         "WARNING", "OpenTelemetry SDK error", "otel")
     assert record["extra"]["err"] == "RuntimeError: exporter thread died"
+
+
+def test_a_node_prepare_is_one_span_with_a_child_per_claim_naming_its_devices(exported):
+    tracer, exporter = exported
+    with tracer.prepare(2) as trace:
+        trace.claim("uid-1", "default/one", ["rbln0", "rbln1"], "/dev/rsd3", None)
+        trace.claim("uid-2", "default/two", [], None, "device rbln0 is already prepared for claim uid-1")
+    tracer.shutdown()
+    spans = exporter.get_finished_spans()
+    (prepare,) = [s for s in spans if s.name == tracing.PREPARE_SPAN]
+    good, bad = [s for s in spans if s.name == tracing.CLAIM_SPAN]
+    assert dict(prepare.attributes) == {"rbln.claim.count": 2} and prepare.parent is None
+    assert dict(good.attributes) == {"rbln.claim.uid": "uid-1", "rbln.claim.name": "default/one",
+                                     "rbln.device.ids": ("rbln0", "rbln1"), "rbln.device.count": 2,
+                                     "rbln.rsd.host_path": "/dev/rsd3"}
+    assert good.parent.span_id == prepare.context.span_id and good.status.status_code is StatusCode.UNSET
+    assert bad.status.status_code is StatusCode.ERROR
+    assert bad.attributes["rbln.claim.error"] == "device rbln0 is already prepared for claim uid-1"

@@ -420,3 +420,34 @@ def test_a_health_service_that_cannot_start_is_stopped_and_tried_again_at_the_ne
     endpoint.set(True, True)
     endpoint.set(True, True)
     assert len(servers) == 2 and servers[0].stopped and servers[1].states == [(True, True)]
+
+
+def _dra_programs(**states):
+    from shared.programs import DRA_PROGRAMS
+
+    programs = {name: {"statename": states.get(name, "RUNNING"), "pid": 200 + i, "start": 1000, "now": 1001}
+                for i, name in enumerate(DRA_PROGRAMS)}
+    for name in WORKERS:  # in supervisor.conf, never started in DRA mode
+        programs[name] = {"statename": "STOPPED", "pid": 0, "start": 0, "now": 1001}
+    return programs
+
+
+def test_in_dra_mode_liveness_wants_worker_dra_and_not_the_device_plugin_workers():
+    from shared.programs import DRA_PROGRAMS
+
+    programs = _dra_programs()
+    scanner = {"pid": programs["scanner"]["pid"], "monotonic": 50.0, "resources": {}}
+    assert liveness(programs, scanner, 51.0, 5.0, DRA_PROGRAMS).ok
+    assert not liveness(programs, scanner, 51.0, 5.0, PROGRAMS).ok, "the device plugin mode's programs"
+    dead = _dra_programs(**{"worker-dra": "BACKOFF"})
+    assert "worker-dra is BACKOFF" in liveness(dead, scanner, 51.0, 5.0, DRA_PROGRAMS).reason
+
+
+def test_in_dra_mode_readiness_is_worker_dra_s_registration():
+    programs = _dra_programs()
+    scanner = {"pid": programs["scanner"]["pid"], "monotonic": 50.0, "resources": {"rebellions.ai/npu": 2}}
+    pid = programs["worker-dra"]["pid"]
+    assert not readiness(programs, scanner, {"worker-dra": None}).ok
+    assert not readiness(programs, scanner, {"worker-dra": {"pid": pid, "registered": False}}).ok
+    assert not readiness(programs, scanner, {"worker-dra": {"pid": pid + 1, "registered": True}}).ok, "stale file"
+    assert readiness(programs, scanner, {"worker-dra": {"pid": pid, "registered": True}}).ok

@@ -179,9 +179,29 @@ fails on a new read-write one.
   mountPath: {{ .Values.logging.dir | quote }}
   readOnly: false
 {{- end }}
+{{- if eq .Values.resourceApi "dra" }}
+- name: kubelet-plugins
+  hostPath: {{ .Values.dra.kubeletPluginsPath | quote }}
+  type: DirectoryOrCreate
+  mountPath: {{ .Values.dra.kubeletPluginsPath | quote }}
+  readOnly: false
+- name: kubelet-plugins-registry
+  hostPath: {{ .Values.dra.kubeletPluginRegistryPath | quote }}
+  type: DirectoryOrCreate
+  mountPath: {{ .Values.dra.kubeletPluginRegistryPath | quote }}
+  readOnly: false
+{{- end }}
 - name: run-dir
   mountPath: {{ $paths.runDir | quote }}
   emptyDir: true
+{{- end -}}
+
+{{/*
+Whether the pod gets a service account token: always with resourceApi dra (worker-dra calls the API
+server), else automountServiceAccountToken (false by default: the device plugin never does).
+*/}}
+{{- define "rbln-device-plugin.automountToken" -}}
+{{- if eq .Values.resourceApi "dra" -}}true{{- else -}}{{ .Values.automountServiceAccountToken }}{{- end -}}
 {{- end -}}
 
 {{/*

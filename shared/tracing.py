@@ -7,7 +7,8 @@ an unreachable collector only produces warnings from that thread (see
 shared.log: `OpenTelemetry SDK error`), never a slower Allocate.
 
 Each kubelet Allocate is one `Allocate` span with one `allocateContainer`
-child per container request; the attribute keys are the Go original's.
+child per container request; the attribute keys are the Go original's. In DRA mode each
+NodePrepareResources is one `NodePrepareResources` span with one `prepareClaim` child per claim.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ ATTR_DEVICE_IDS = "rbln.device.ids"
 ATTR_DEVICE_COUNT = "rbln.device.count"
 ATTR_BUS_IDS = "rbln.device.bus_ids"
 ATTR_RSD_HOST_PATH = "rbln.rsd.host_path"
+# worker-dra: one span per NodePrepareResources call, one child per claim.
+PREPARE_SPAN = "NodePrepareResources"
+CLAIM_SPAN = "prepareClaim"
+ATTR_CLAIM_UID = "rbln.claim.uid"
+ATTR_CLAIM = "rbln.claim.name"
+ATTR_CLAIM_COUNT = "rbln.claim.count"
+ATTR_CLAIM_ERROR = "rbln.claim.error"
 # One export attempt (with the exporter's retries) gives up after this long.
 EXPORT_TIMEOUT_SECONDS = 3
 # The flush at shutdown gives up after this long: a worker must stop well within supervisord's stop grace.
@@ -109,6 +117,26 @@ class AllocateTrace:
                 _mark_failed(span, error)
 
 
+class PrepareTrace:
+    """The spans of one NodePrepareResources call: a child per claim with its devices and RSD group."""
+
+    def __init__(self, tracer: Any):
+        self._tracer = tracer
+
+    def claim(self, uid: str, name: str, device_ids: Sequence[str], rsd_host_path: str | None,
+              error: str | None) -> None:
+        if self._tracer is None:
+            return
+        attributes: dict[str, Any] = {ATTR_CLAIM_UID: uid, ATTR_CLAIM: name, ATTR_DEVICE_IDS: list(device_ids),
+                                      ATTR_DEVICE_COUNT: len(device_ids)}
+        if rsd_host_path:
+            attributes[ATTR_RSD_HOST_PATH] = rsd_host_path
+        with self._tracer.start_as_current_span(CLAIM_SPAN, attributes=attributes) as span:
+            if error is not None:
+                span.set_attribute(ATTR_CLAIM_ERROR, error)
+                _mark_failed(span, RuntimeError(error))
+
+
 class AllocationTracer:
     """Opens the spans of each Allocate; a no-op without a tracer provider."""
 
@@ -125,6 +153,15 @@ class AllocationTracer:
         with self._tracer.start_as_current_span(ALLOCATE_SPAN, attributes={ATTR_RESOURCE_NAME: resource_name},
                                                 record_exception=True, set_status_on_exception=True):
             yield AllocateTrace(self._tracer, resource_name)
+
+    @contextlib.contextmanager
+    def prepare(self, claim_count: int) -> Iterator[PrepareTrace]:
+        if self._tracer is None:
+            yield PrepareTrace(None)
+            return
+        with self._tracer.start_as_current_span(PREPARE_SPAN, attributes={ATTR_CLAIM_COUNT: claim_count},
+                                                record_exception=True, set_status_on_exception=True):
+            yield PrepareTrace(self._tracer)
 
     def shutdown(self) -> None:
         """Export the spans still queued and stop the exporter, giving up after the flush timeout.

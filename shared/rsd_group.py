@@ -113,3 +113,17 @@ class RsdGroups:
                 return GroupChange(group_id, tuple(stale), usage)
         except RblnSmiError as exc:
             raise RsdGroupError(str(exc)) from None
+
+    def destroy(self, group_id: int) -> SmiUsage:
+        """Destroy group `group_id` if it still exists (another change may have replaced it); never group 0."""
+        usage = SmiUsage()
+        if group_id == DEFAULT_GROUP:
+            return usage
+        smi = self._smi.counted(usage)
+        try:
+            with held_flock(self._lock_file, self._lock_timeout) as lock_fd:
+                if any(entry.group_id == group_id for entry in smi.groups().devices):
+                    smi.destroy_groups([group_id], lock_fd)
+                return usage
+        except RblnSmiError as exc:
+            raise RsdGroupError(str(exc)) from None

@@ -1,0 +1,3 @@
+from dra_worker.main import main
+
+main()

@@ -1,0 +1,134 @@
+"""The API server, as worker-dra uses it: a few calls on plain dicts, through lightkube.
+
+lightkube is imported by this module alone (worker-dra's only): no other process pays for it. Credentials are
+the pod's service account, or the kubeconfig file KUBECONFIG names. A call that fails for a reason that may
+pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
+server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from shared.config import DRA_DRIVER
+
+T = TypeVar("T")
+Json = dict[str, Any]
+FIELD_MANAGER = DRA_DRIVER
+_RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+_BACKOFF_FIRST = 0.1
+_BACKOFF_MAX = 5.0
+
+
+class ApiFailure(RuntimeError):
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+        """The HTTP status the server answered, None when it was not reached."""
+
+
+@dataclasses.dataclass
+class Backoff:
+    """Doubling pauses from `first` to `most`; `reset` after a success."""
+
+    first: float = _BACKOFF_FIRST
+    most: float = _BACKOFF_MAX
+    _next: float = 0.0
+
+    def pause(self) -> float:
+        self._next = self.first if self._next == 0.0 else min(self._next * 2, self.most)
+        return self._next
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+
+def _failure(exc: Exception, what: str) -> ApiFailure:
+    from lightkube import ApiError
+
+    if isinstance(exc, ApiError):
+        return ApiFailure(f"{what}: {exc.status.code} {exc.status.reason}: {exc.status.message}",
+                          exc.status.code)
+    return ApiFailure(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def _slice(body: Json) -> Any:
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    return ResourceSlice.from_dict(body)
+
+
+class KubeApi:
+    def __init__(self, kubeconfig: pathlib.Path | None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic, request_timeout: float = 10.0):
+        import httpx2
+        from lightkube import Client, KubeConfig
+        from lightkube.config.kubeconfig import SingleConfig
+
+        config: KubeConfig | SingleConfig = (KubeConfig.from_file(kubeconfig) if kubeconfig is not None
+                                             else KubeConfig.from_service_account())
+        self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
+                              trust_env=False)
+        self._sleep = sleep
+        self._clock = clock
+
+    def _call(self, what: str, work: Callable[[], T], deadline: float) -> T:
+        """`work()`, retried with backoff while it fails for a passing reason and time remains."""
+        backoff = Backoff()
+        while True:
+            try:
+                return work()
+            except Exception as exc:  # lightkube raises ApiError, httpx's errors, and more for a broken answer
+                failure = _failure(exc, what)
+                if failure.status is not None and failure.status not in _RETRIABLE_STATUS:
+                    raise failure from None
+                pause = backoff.pause()
+                if self._clock() + pause > deadline:
+                    raise failure from None
+                self._sleep(pause)
+
+    def get_claim(self, namespace: str, name: str, timeout: float) -> Json:
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        deadline = self._clock() + timeout
+        return self._call(f"get ResourceClaim {namespace}/{name}",
+                          lambda: self._client.get(ResourceClaim, name, namespace=namespace).to_dict(), deadline)
+
+    def node_uid(self, node_name: str, timeout: float) -> str:
+        from lightkube.resources.core_v1 import Node
+
+        deadline = self._clock() + timeout
+        node = self._call(f"get Node {node_name}", lambda: self._client.get(Node, node_name), deadline)
+        return str(node.metadata.uid) if node.metadata is not None else ""
+
+    def list_slices(self, node_name: str, timeout: float) -> list[Json]:
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        deadline = self._clock() + timeout
+        fields: dict[str, Any] = {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
+        return self._call("list ResourceSlices",
+                          lambda: [s.to_dict() for s in self._client.list(ResourceSlice, fields=fields)], deadline)
+
+    def create_slice(self, body: Json, timeout: float) -> Json:
+        deadline = self._clock() + timeout
+        return self._call("create ResourceSlice",
+                          lambda: self._client.create(_slice(body)).to_dict(), deadline)
+
+    def replace_slice(self, body: Json, timeout: float) -> Json:
+        deadline = self._clock() + timeout
+        return self._call(f"update ResourceSlice {body['metadata']['name']}",
+                          lambda: self._client.replace(_slice(body)).to_dict(), deadline)
+
+    def delete_slice(self, name: str, timeout: float) -> None:
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        deadline = self._clock() + timeout
+        try:
+            self._call(f"delete ResourceSlice {name}", lambda: self._client.delete(ResourceSlice, name), deadline)
+        except ApiFailure as failure:
+            if failure.status != 404:  # gone already: what was wanted
+                raise

@@ -1,0 +1,126 @@
+"""worker-dra: the kubelet DRA plugin of driver npu.rebellions.ai (RESOURCE_API=dra), wired to the node,
+the scanner's inventory channel, the kubelet and the API server (docs/dra.md)."""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+from typing import Any
+
+import zmq
+from loguru import logger
+
+from dra_worker.checkpoint import Checkpoint
+from dra_worker.inventory import InventoryState
+from dra_worker.kube import ApiFailure
+from dra_worker.prepare import Preparer
+from dra_worker.publisher import SlicePublisher
+from dra_worker.registration import RegistrationService
+from dra_worker.server import UnixServer
+from dra_worker.servicer import DraPlugin, add_services
+from shared import process_status
+from shared.config import DRA_DRIVER
+from shared.device_status import read_status
+from shared.metrics import recorder_for
+from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.programs import WORKER_DRA
+from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
+from shared.resources import Resource
+from shared.rsd_group import RsdGroups
+from shared.subscriber import InventorySubscriber
+from shared.tracing import setup_tracing
+from shared.version import VERSION
+
+Json = dict[str, Any]
+
+
+class LazyApi:
+    """The API client, made at its first use: credentials that are missing now (no service account token
+    mounted yet, an unreadable kubeconfig) fail that call, which is retried, never the process."""
+
+    def __init__(self, kubeconfig: pathlib.Path | None):
+        self._kubeconfig = kubeconfig
+        self._lock = threading.Lock()  # guards _api while it is made
+        self._api: Any = None
+
+    def _get(self) -> Any:
+        with self._lock:
+            if self._api is None:
+                from dra_worker.kube import KubeApi
+
+                try:
+                    self._api = KubeApi(self._kubeconfig)
+                except Exception as exc:  # lightkube's config errors have no common base
+                    source = str(self._kubeconfig) if self._kubeconfig else "the service account"
+                    raise ApiFailure(f"API server credentials from {source}: {type(exc).__name__}: {exc}") from None
+            return self._api
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+def main() -> None:
+    settings = start_process(WORKER_DRA, driver=DRA_DRIVER)
+    shutdown = ShutdownSignal().install()
+    metrics = recorder_for(settings.metrics_port, settings.run_dir)
+    metrics.load(smi_commands=[command.value for command in GROUP_COMMANDS], dra=True)
+    tracer = setup_tracing(settings.otlp_endpoint, VERSION, settings.node_name)
+    settings.dra_plugin_dir.mkdir(parents=True, exist_ok=True)
+    api = LazyApi(settings.kubeconfig)
+
+    inventory = InventoryState()
+    publisher = SlicePublisher(api, settings.node_name, inventory.current, settings.device_scan_interval,
+                               on_publish=metrics.slice_publish)
+    inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
+    smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
+    checkpoint = Checkpoint(settings.dra_plugin_dir)
+    preparer = Preparer(api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file),
+                        checkpoint=checkpoint, cdi_root=settings.cdi_root,
+                        dev_root=settings.dev_root, pool=settings.node_name,
+                        read_status=lambda device: read_status(settings.sysfs_root, device),
+                        cdi_annotation=settings.cdi_annotation)
+    registration = RegistrationService(settings.dra_socket)
+
+    def report() -> None:
+        """The status file the probes, metrics and `status` read; after every call and every scan interval."""
+        metrics.flush()
+        process_status.write_status(settings.run_dir, WORKER_DRA, {
+            "registered": registration.registered.is_set(), "preparedClaims": preparer.prepared_count(),
+            "sliceGeneration": publisher.generation,
+            "devices": len(inventory.current().devices)})
+
+    registration.on_change = report
+    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)
+    dra_server = UnixServer(settings.dra_socket, lambda server: add_services(server, plugin), "dra")
+    registration_server = UnixServer(
+        settings.dra_registration_socket,
+        lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")
+
+    context = zmq.Context()
+    subscribers = [InventorySubscriber(context, settings.run_dir, resource, inventory.on_inventory,
+                                       heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))
+                   for resource in Resource]
+    for subscriber in subscribers:
+        subscriber.start()
+    try:
+        dra_server.start()
+        registration_server.start()
+        logger.info("Serving the DRA plugin", driver=DRA_DRIVER, endpoint=str(settings.dra_socket),
+                    registrationSocket=str(settings.dra_registration_socket),
+                    checkpoint=str(checkpoint.path))
+        publisher.start()
+        report()
+        while not shutdown.wait(settings.device_scan_interval):
+            report()
+    finally:
+        registration_server.stop()
+        dra_server.stop()
+        publisher.stop()
+        for subscriber in subscribers:
+            subscriber.stop()
+        context.term()
+        tracer.shutdown()
+        process_status.remove_status(settings.run_dir, WORKER_DRA)
+    logger.info("Shutdown")
+    exit_now(shutdown)

@@ -1,0 +1,34 @@
+"""Files replaced whole: a reader (or a restart after a crash or a full disk) sees the old content or the new,
+never a part."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+
+def write_atomically(path: pathlib.Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Write `data` to a temporary file beside `path` and rename it over `path`; `durable`: the data flushed to
+    disk before the rename (a few milliseconds on a disk; what a file on tmpfs does not need), as the kubelet
+    writes its own checkpoints. After a power loss the file is then the old content or the new, never a torn
+    one; the directory is not flushed, so the rename itself may be the one thing lost.
+
+    The temporary file's name starts with a dot: directories read by others (a CDI spec dir, the kubelet's
+    plugin dirs) skip such names. OSError on failure, with no temporary file left behind.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,124 @@
+"""A loopback HTTP stand-in for the few API server endpoints worker-dra calls, for unit tests of its client
+(the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
+every request, and can be told to fail the next requests with a status."""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import json
+import pathlib
+import threading
+import urllib.parse
+from typing import Any
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+class FakeKubeApi:
+    def __init__(self) -> None:
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.fail: list[int] = []
+        self._names = itertools.count()
+        self._lock = threading.Lock()  # guards everything above against the server's threads
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                with api._lock:
+                    api.requests.append((self.command, self.path))
+                    if api.fail:
+                        status = api.fail.pop(0)
+                        return self._answer(status, _status(status, "injected"))
+                    status, answer = api._route(self.command, self.path, body)
+                self._answer(status, answer)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeKubeApi:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self.close()
+
+    def close(self) -> None:
+        self._server.server_close()
+
+    def kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
+        return path
+
+    def _route(self, method: str, raw_path: str, body: Any) -> tuple[int, Any]:
+        url = urllib.parse.urlsplit(raw_path)
+        parts = url.path.strip("/").split("/")
+        if url.path.startswith("/api/v1/nodes/") and method == "GET":
+            node = self.nodes.get(parts[-1])
+            return (200, node) if node else (404, _status(404, "node not found"))
+        if url.path.startswith(RESOURCE + "/namespaces/") and parts[-2] == "resourceclaims" and method == "GET":
+            claim = self.claims.get((parts[-3], parts[-1]))
+            return (200, claim) if claim else (404, _status(404, "claim not found"))
+        if url.path == RESOURCE + "/resourceslices":
+            if method == "GET":
+                selector = dict(urllib.parse.parse_qsl(url.query)).get("fieldSelector", "")
+                wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
+                items = [s for s in self.slices.values()
+                         if all(_field(s, key) == value for key, value in wanted.items())]
+                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+                             "items": items}
+            if method == "POST":
+                name = body["metadata"].get("name") or body["metadata"]["generateName"] + str(next(self._names))
+                body["metadata"] = {**body["metadata"], "name": name, "uid": f"uid-{name}", "resourceVersion": "1"}
+                self.slices[name] = body
+                return 201, body
+        if url.path.startswith(RESOURCE + "/resourceslices/"):
+            name = parts[-1]
+            if name not in self.slices:
+                return 404, _status(404, "slice not found")
+            if method == "PUT":
+                self.slices[name] = body
+                return 200, body
+            if method == "DELETE":
+                del self.slices[name]
+                return 200, _status(200, "deleted")
+        return 404, _status(404, f"no route {method} {url.path}")
+
+
+def _field(obj: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None  # type: ignore[assignment]
+    return obj
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Status", "status": "Failure" if code >= 400 else "Success",
+            "code": code, "reason": {404: "NotFound", 503: "ServiceUnavailable", 403: "Forbidden"}.get(code, ""),
+            "message": message}

@@ -1,0 +1,100 @@
+"""worker-dra's API client (lightkube) against a loopback stand-in of the endpoints it calls: the paths, the
+field selector, the kubeconfig's credentials, and which failures are retried."""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_worker.kube import ApiFailure, KubeApi
+from dra_worker.publisher import SlicePublisher
+from tests.fake_kube_api import FakeKubeApi
+from tests.unit.dra_support import NODE, claim, feed, simulated_node
+
+
+@pytest.fixture
+def server():
+    api = FakeKubeApi().start()
+    api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}}
+    yield api
+    api.stop()
+
+
+class FakeTime:
+    """A clock that the client's own pauses move, and nothing else."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.pauses: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock():
+    return FakeTime()
+
+
+@pytest.fixture
+def client(server, tmp_path, clock):
+    api = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"), sleep=clock.sleep, clock=lambda: clock.now)
+    api.pauses = clock.pauses  # type: ignore[attr-defined]
+    return api
+
+
+def test_a_claim_is_read_from_its_namespace(server, client):
+    body = claim("uid-1", ["rbln0"], name="c1", namespace="team-a")
+    server.claims[("team-a", "c1")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                       **body, "spec": {"devices": {}}}
+    got = client.get_claim("team-a", "c1", timeout=5)
+    assert got["metadata"]["uid"] == "uid-1"
+    assert got["status"]["allocation"]["devices"]["results"][0]["device"] == "rbln0"
+    assert server.requests[-1] == ("GET", "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/c1")
+
+
+def test_a_refusal_is_not_retried_and_a_passing_failure_is(server, client):
+    with pytest.raises(ApiFailure) as refused:
+        client.get_claim("team-a", "missing", timeout=5)
+    assert refused.value.status == 404 and client.pauses == []
+    server.fail = [503, 503]
+    assert client.node_uid(NODE, timeout=5) == "node-uid-1"
+    assert client.pauses == [0.1, 0.2]
+
+
+def test_retries_stop_at_the_deadline(server, client):
+    server.fail = [503] * 100
+    with pytest.raises(ApiFailure) as failure:
+        client.node_uid(NODE, timeout=5)
+    assert failure.value.status == 503
+    assert client.pauses == [0.1, 0.2, 0.4, 0.8, 1.6] and sum(client.pauses) <= 5, "the next pause would pass it"
+
+
+def test_an_unreachable_server_is_a_failure_not_a_crash(tmp_path):
+    api = FakeKubeApi()
+    config = api.kubeconfig(tmp_path / "kubeconfig")
+    api.close()  # its port is closed: connections are refused
+    clock = FakeTime()
+    client = KubeApi(config, sleep=clock.sleep, clock=lambda: clock.now)
+    with pytest.raises(ApiFailure) as failure:
+        client.node_uid(NODE, timeout=0.2)
+    assert failure.value.status is None
+
+
+def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, client, tmp_path):
+    node = simulated_node(tmp_path)
+    from dra_worker.inventory import InventoryState
+
+    state = InventoryState()
+    feed(state, node)
+    publisher = SlicePublisher(client, NODE, state.current, resync_period=0.0)
+    assert publisher.reconcile_once() is True
+    (published,) = server.slices.values()
+    assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["generation"] == 1
+    assert published["metadata"]["ownerReferences"][0]["uid"] == "node-uid-1"
+    assert ("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver%3Dnpu.rebellions.ai%2C"
+                   "spec.nodeName%3Dnode-a") in server.requests
+    names = {d["name"] for d in published["spec"]["devices"]}
+    assert "rbln0" in names
+    server.slices.clear()
+    assert publisher.reconcile_once() is True and len(server.slices) == 1

@@ -1,0 +1,243 @@
+"""Prepare and Unprepare against a simulated node: its rbln-smi stand-in makes the RSD groups, under the lock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dra_worker import cdi
+from dra_worker.checkpoint import Checkpoint
+from dra_worker.inventory import InventoryState
+from dra_worker.prepare import ClaimRef, Preparer
+from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
+from shared.cdi_spec import check_spec
+from shared.cdi_spec_dirs import parse_spec_text
+from shared.device_status import read_status
+from shared.rbln_smi import RblnSmi
+from shared.rsd_group import RsdGroups
+from tests.unit.dra_support import NODE, ClaimStore, claim, feed, simulated_node
+
+
+@pytest.fixture
+def node(tmp_path):
+    return simulated_node(tmp_path)
+
+
+def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2):
+    plugin_dir = tmp_path / "plugins" / "npu.rebellions.ai"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    return Preparer(api=store, inventory=state.current, rsd_groups=RsdGroups(RblnSmi(node.rbln_smi), node.lock_file),
+                    checkpoint=Checkpoint(plugin_dir), cdi_root=node.cdi_root, dev_root=node.dev_root, pool=NODE,
+                    read_status=lambda device: read_status(node.sysfs_root, device), cdi_annotation=annotation,
+                    node_timeout=timeout)
+
+
+@pytest.fixture
+def world(node, tmp_path):
+    store = ClaimStore()
+    state = InventoryState()
+    feed(state, node)
+    return store, state, _preparer(node, tmp_path, store, state)
+
+
+def _ref(body) -> ClaimRef:
+    m = body["metadata"]
+    return ClaimRef(m["namespace"], m["uid"], m["name"])
+
+
+def _groups(node) -> dict[int, list[int]]:
+    """The node's RSD groups but the default one, which holds every device not in another."""
+    return {gid: members for gid, members in node.rsd_groups().items() if gid != 0}
+
+
+def _npus(node) -> dict[str, int]:
+    return {d.device: d.npu for d in node.inventory}
+
+
+def test_a_claim_gets_one_rsd_group_and_a_cdi_spec_naming_its_nodes(node, world):
+    store, _state, preparer = world
+    body = store.add(claim("uid-1", ["rbln0", "rbln1"]))
+    result = preparer.prepare([_ref(body)])["uid-1"]
+    assert result.error is None
+    groups = _groups(node)
+    assert groups == {result.rsd_group: sorted([_npus(node)["rbln0"], _npus(node)["rbln1"]])}
+    assert [(d.device, d.requests) for d in result.devices] == [("rbln0", ("npus",)), ("rbln1", ("npus",))]
+    assert result.devices[0].cdi_device_ids == (cdi.qualified_name("uid-1", "rbln0"), RUNTIME_DEVICE)
+    raw = cdi.spec_path(node.cdi_root, "uid-1").read_bytes()
+    assert check_spec(parse_spec_text(raw)).devices == {cdi.qualified_name("uid-1", "rbln0"),
+                                                        cdi.qualified_name("uid-1", "rbln1")}
+    spec = json.loads(raw)
+    edits = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+    assert edits["uid-1-rbln0"] == [
+        {"path": "/dev/rsd0", "hostPath": f"/dev/rsd{result.rsd_group}", "permissions": "rw"},
+        {"path": "/dev/rbln0", "hostPath": "/dev/rbln0", "permissions": "rw"}]
+
+
+def test_a_repeat_returns_the_same_answer_without_touching_the_node(node, world):
+    store, _state, preparer = world
+    body = store.add(claim("uid-1", ["rbln0"]))
+    first = preparer.prepare([_ref(body)])["uid-1"]
+    calls, reads = len(node.smi_calls()), store.reads
+    assert preparer.prepare([_ref(body)])["uid-1"] == first
+    assert len(node.smi_calls()) == calls and store.reads == reads
+
+
+def test_prepared_claims_survive_a_restart_and_unprepare_undoes_everything(node, tmp_path, world):
+    store, state, preparer = world
+    body = store.add(claim("uid-1", ["rbln0"]))
+    first = preparer.prepare([_ref(body)])["uid-1"]
+    restarted = _preparer(node, tmp_path, store, state)
+    assert restarted.prepare([_ref(body)])["uid-1"] == first
+    assert restarted.unprepare([_ref(body)]) == {"uid-1": None}
+    assert _groups(node) == {}
+    assert not cdi.spec_path(node.cdi_root, "uid-1").exists()
+    assert restarted.prepared_count() == 0
+    assert restarted.unprepare([_ref(body)]) == {"uid-1": None}, "an unknown claim is unprepared already"
+
+
+def test_a_device_prepared_for_another_claim_is_refused(node, world):
+    store, _state, preparer = world
+    first, second = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln1", "rbln0"]))
+    preparer.prepare([_ref(first)])
+    groups = _groups(node)
+    result = preparer.prepare([_ref(second)])["uid-2"]
+    assert "rbln0 is already prepared for claim uid-1" in result.error
+    assert _groups(node) == groups, "the first claim's group is intact"
+    assert not cdi.spec_path(node.cdi_root, "uid-2").exists()
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (claim("uid-1", ["rbln9"]), "'rbln9' is not a device of this node"),
+    (claim("uid-1", ["rbln0"], pool="node-b"), "not this node's"),
+    ({"metadata": {"name": "claim-uid-1", "namespace": "default", "uid": "uid-1"}, "status": {}}, "not allocated"),
+    ({**claim("uid-1", ["rbln0"]), "metadata": {"name": "claim-uid-1", "namespace": "default", "uid": "other"}},
+     "it was replaced"),
+])
+def test_claims_it_cannot_serve_are_answered_with_an_error(node, world, body, expected):
+    store, _state, preparer = world
+    store.add(body)
+    result = preparer.prepare([ClaimRef("default", "uid-1", "claim-uid-1")])["uid-1"]
+    assert expected in result.error
+    assert _groups(node) == {} and preparer.prepared_count() == 0
+
+
+def test_every_claim_of_a_request_is_answered_whatever_the_others_do(node, world):
+    store, _state, preparer = world
+    good = store.add(claim("uid-1", ["rbln0"]))
+    missing = ClaimRef("default", "uid-2", "gone")
+    results = preparer.prepare([_ref(good), missing])
+    assert results["uid-1"].error is None
+    assert "404" in results["uid-2"].error
+
+
+def test_an_unhealthy_device_is_refused_at_the_final_status_read(node, world):
+    store, _state, preparer = world
+    node.set_status("rbln0", 4)  # after the last scan: only the final read sees it
+    result = preparer.prepare([_ref(store.add(claim("uid-1", ["rbln0"])))])["uid-1"]
+    assert "rbln0 is Unhealthy (FAULT)" in result.error
+
+
+def test_a_vf_claim_gets_its_own_group(node, world):
+    store, _state, preparer = world
+    vf = next(d.device for d in node.inventory if d.is_vf)
+    result = preparer.prepare([_ref(store.add(claim("uid-1", [vf])))])["uid-1"]
+    assert result.error is None and _groups(node) == {result.rsd_group: [_npus(node)[vf]]}
+
+
+def test_other_drivers_results_are_not_ours(node, world):
+    store, _state, preparer = world
+    body = claim("uid-1", ["rbln0"])
+    body["status"]["allocation"]["devices"]["results"].append(
+        {"request": "nic", "driver": "dra.net", "pool": NODE, "device": "eth0"})
+    result = preparer.prepare([_ref(store.add(body))])["uid-1"]
+    assert [d.device for d in result.devices] == ["rbln0"]
+
+
+def test_a_failed_rsd_group_leaves_nothing_behind(node, world):
+    store, _state, preparer = world
+    node.set_smi_fault("exit", commands=["create"])
+    result = preparer.prepare([_ref(store.add(claim("uid-1", ["rbln0"])))])["uid-1"]
+    assert "RsdGroupError" in result.error
+    assert preparer.prepared_count() == 0 and not cdi.spec_path(node.cdi_root, "uid-1").exists()
+
+
+def test_a_corrupt_checkpoint_fails_every_claim_rather_than_forget(node, world):
+    store, _state, preparer = world
+    body = store.add(claim("uid-1", ["rbln0"]))
+    preparer.prepare([_ref(body)])
+    checkpoint = Checkpoint(node.root.parent / "plugins" / "npu.rebellions.ai").path
+    checkpoint.write_text("{not json")
+    assert "is corrupt" in preparer.prepare([_ref(body)])["uid-1"].error
+    assert "is corrupt" in preparer.unprepare([_ref(body)])["uid-1"]
+
+
+@pytest.mark.parametrize(("annotation", "resolvable", "named"), [
+    (CdiAnnotation.ALWAYS, False, True), (CdiAnnotation.WHEN_RESOLVABLE, True, True),
+    (CdiAnnotation.WHEN_RESOLVABLE, False, False), (CdiAnnotation.NEVER, True, False)])
+def test_the_toolkit_s_device_is_named_as_cdi_annotation_says_and_a_missing_spec_is_said(
+        node, tmp_path, logs, annotation, resolvable, named):
+    store = ClaimStore()
+    state = InventoryState()
+    feed(state, node, cdi_resolvable=resolvable)
+    preparer = _preparer(node, tmp_path, store, state, annotation)
+    result = preparer.prepare([_ref(store.add(claim("uid-1", ["rbln0"])))])["uid-1"]
+    assert (RUNTIME_DEVICE in result.devices[0].cdi_device_ids) is named
+    warned = [r for r in logs if r["msg"].startswith("No CDI spec resolves the toolkit's device")]
+    assert bool(warned) is (not resolvable and annotation is not CdiAnnotation.NEVER)
+
+
+def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, world, monkeypatch):
+    from dra_worker import prepare
+    from shared.rsd_group import held_flock
+
+    store, _state, preparer = world
+    monkeypatch.setattr(prepare, "SERIALIZE_TIMEOUT", 0.2)
+    body = store.add(claim("uid-1", ["rbln0"]))
+    lock = node.root.parent / "plugins" / "npu.rebellions.ai" / prepare.SERIALIZE_LOCK
+    with held_flock(lock, 1.0):  # another instance on the node, mid-call
+        result = preparer.prepare([_ref(body)])["uid-1"]
+        assert "still held by another process" in result.error
+        assert "still held" in preparer.unprepare([_ref(body)])["uid-1"]
+    assert preparer.prepare([_ref(body)])["uid-1"].error is None
+
+
+def test_a_new_claim_before_the_first_inventory_is_told_to_retry_and_a_prepared_one_is_answered(node, tmp_path):
+    store = ClaimStore()
+    state = InventoryState()
+    feed(state, node)
+    body = store.add(claim("uid-1", ["rbln0"]))
+    first = _preparer(node, tmp_path, store, state).prepare([_ref(body)])["uid-1"]
+    restarted = _preparer(node, tmp_path, store, InventoryState())  # no snapshot yet
+    assert restarted.prepare([_ref(body)])["uid-1"] == first
+    later = restarted.prepare([_ref(store.add(claim("uid-2", ["rbln1"])))])["uid-2"]
+    assert "inventory has not arrived" in later.error
+
+
+_JUNK = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(results=st.lists(st.fixed_dictionaries({}, optional={
+    "request": _JUNK | st.sampled_from(["npus", "npus/sub"]), "driver": _JUNK | st.just("npu.rebellions.ai"),
+    "pool": _JUNK | st.just(NODE), "device": _JUNK | st.sampled_from(["rbln0", "rbln1", "rbln9", "../x"])}),
+    max_size=4), status=_JUNK)
+def test_any_claim_shape_gets_an_answer_and_leaves_the_node_consistent(node, world, results, status):
+    store, _state, preparer = world
+    body = claim("uid-x", [])
+    body["status"]["allocation"]["devices"]["results"] = results
+    store.add(body)
+    odd = store.add({**claim("uid-y", []), "metadata": {"name": "claim-uid-y", "namespace": "default", "uid": "uid-y"},
+                     "status": status})
+    answers = preparer.prepare([_ref(body), _ref(odd)])
+    assert set(answers) == {"uid-x", "uid-y"}
+    for uid, answer in answers.items():
+        if answer.error is None:
+            assert {d.device for d in answer.devices} <= {"rbln0", "rbln1"}
+        assert preparer.unprepare([ClaimRef("default", uid, "x")]) == {uid: None}
+    assert _groups(node) == {} and not list(node.cdi_root.glob("k8s.npu.rebellions.ai-npu_*"))

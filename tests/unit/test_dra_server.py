@@ -1,0 +1,45 @@
+"""worker-dra's unix sockets: a stale file at the path is replaced, the service answers once start() returns,
+and stop() removes the socket."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+
+import grpc
+import pytest
+
+from dra_worker.registration import SUPPORTED_VERSIONS, RegistrationService
+from dra_worker.server import UnixServer
+from shared.pluginregistration.v1 import api_pb2, api_pb2_grpc
+
+
+@pytest.fixture
+def short_dir():
+    root = pathlib.Path(tempfile.mkdtemp(prefix="rbln-srv-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_stale_file_is_replaced_the_service_answers_and_stop_removes_the_socket(short_dir):
+    path = short_dir / "registry" / "npu.rebellions.ai-reg.sock"
+    path.parent.mkdir()
+    path.write_text("left by a killed instance")
+    verdicts: list[bool] = []
+    service = RegistrationService(short_dir / "plugins" / "dra.sock", on_change=lambda: verdicts.append(True))
+    server = UnixServer(path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(service, s), "test")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            info = stub.GetInfo(api_pb2.InfoRequest(), timeout=5)
+            assert info.endpoint == str(short_dir / "plugins" / "dra.sock")
+            assert tuple(info.supported_versions) == SUPPORTED_VERSIONS == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+            stub.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
+            assert service.registered.is_set() and verdicts == [True]
+            stub.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=False, error="x"), timeout=5)
+            assert not service.registered.is_set() and verdicts == [True, True]
+    finally:
+        server.stop()
+    assert not path.exists()
