@@ -6,6 +6,10 @@ its recorded answer again; a new one has its devices checked (known, Healthy by 
 for no other claim), gets one RSD group for all its devices under the node's RSD flock, a CDI spec, and a
 checkpoint entry, in that order, undone on failure. Unprepare destroys the claim's group, removes its spec
 and drops the entry; an unknown claim is done already. Errors are per claim, never raised.
+
+The checkpoint outlives a reboot (it is on disk), the RSD groups and CDI_ROOT (a tmpfs) do not: a recorded
+claim whose spec is gone is prepared again, and its recorded group, whose number a new group may have taken
+since, is not destroyed.
 """
 
 from __future__ import annotations
@@ -139,7 +143,7 @@ class Preparer:
             return {ref.uid: ClaimResult(error=str(exc)) for ref in claims}
         wanted: dict[str, tuple[ClaimRef, dict[str, tuple[str, ...]]]] = {}
         for ref in claims:
-            if ref.uid in known or ref.uid in wanted or ref.uid in results:
+            if (ref.uid in known and self._intact(ref.uid, known[ref.uid])) or ref.uid in wanted or ref.uid in results:
                 continue
             try:
                 claim = self._api.get_claim(ref.namespace, ref.name, CLAIM_READ_TIMEOUT)
@@ -155,10 +159,11 @@ class Preparer:
                 for ref in claims:
                     if ref.uid in results:
                         continue
-                    if ref.uid in prepared:
+                    if ref.uid in prepared and (ref.uid not in wanted or self._intact(ref.uid, prepared[ref.uid])):
                         entry = prepared[ref.uid]
                         results[ref.uid] = ClaimResult(entry.devices, rsd_group=entry.rsd_group)
                     elif ref.uid in wanted:
+                        prepared.pop(ref.uid, None)  # a stale entry: its group and spec went with a reboot
                         results[ref.uid] = self._prepare_new(*wanted[ref.uid], prepared)
                     else:  # recorded at the first read, gone at the second: another instance unprepared it
                         results[ref.uid] = ClaimResult(error=f"claim {ref.uid} was unprepared meanwhile; retry")
@@ -166,6 +171,10 @@ class Preparer:
             for ref in claims:
                 results.setdefault(ref.uid, ClaimResult(error=str(exc)))
         return results
+
+    def _intact(self, uid: str, entry: PreparedClaim) -> bool:
+        """Whether a recorded claim's CDI spec is still there (it is written after the group and removed with it)."""
+        return entry.rsd_group is None or cdi.spec_path(self._cdi_root, uid).exists()
 
     def _check_devices(self, devices: Sequence[str], uid: str,
                        prepared: dict[str, PreparedClaim]) -> list[ServedDevice]:
@@ -263,7 +272,7 @@ class Preparer:
         if entry is None:
             return None
         try:
-            if entry.rsd_group is not None:
+            if entry.rsd_group is not None and self._intact(uid, entry):
                 self._rsd_groups.destroy(entry.rsd_group)
             cdi.remove_claim_spec(self._cdi_root, uid)
             del prepared[uid]

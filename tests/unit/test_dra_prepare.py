@@ -98,6 +98,31 @@ def test_prepared_claims_survive_a_restart_and_unprepare_undoes_everything(node,
     assert restarted.unprepare([_ref(body)]) == {"uid-1": None}, "an unknown claim is unprepared already"
 
 
+def test_after_a_reboot_a_recorded_claim_is_prepared_again_and_a_gone_claim_spares_its_old_group_number(
+        node, tmp_path, world):
+    store, state, preparer = world
+    gone, kept = store.add(claim("uid-a", ["rbln0"])), store.add(claim("uid-b", ["rbln1"]))
+    old_group = preparer.prepare([_ref(gone)])["uid-a"].rsd_group
+    preparer.prepare([_ref(kept)])
+    # A reboot: the RSD groups and CDI_ROOT (a tmpfs) are gone, the checkpoint (on disk) is not.
+    groups = RsdGroups(RblnSmi(node.rbln_smi), node.lock_file)
+    for group in _groups(node):
+        groups.destroy(group)
+    for spec in node.cdi_root.glob(f"{cdi.VENDOR}-{cdi.CLASS}_*"):
+        spec.unlink()
+    restarted = _preparer(node, tmp_path, store, state)
+
+    again = restarted.prepare([_ref(kept)])["uid-b"]
+    assert again.error is None and cdi.spec_path(node.cdi_root, "uid-b").exists()
+    assert _groups(node) == {again.rsd_group: [_npus(node)["rbln1"]]}
+    assert again.rsd_group == old_group, "the new group takes the number the gone claim recorded"
+    assert restarted.prepare([_ref(kept)])["uid-b"] == again
+
+    assert restarted.unprepare([_ref(gone)]) == {"uid-a": None}
+    assert _groups(node) == {again.rsd_group: [_npus(node)["rbln1"]]}, "the kept claim's group survives"
+    assert restarted.prepared_count() == 1
+
+
 def test_a_device_prepared_for_another_claim_is_refused(node, world):
     store, _state, preparer = world
     first, second = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln1", "rbln0"]))
