@@ -36,7 +36,8 @@ from shared.device_status import StatusReading
 from shared.rsd_group import RsdGroupError, RsdGroups, held_flock
 
 Json = dict[str, Any]
-# The claim GET's bound, retries included: far inside the kubelet's 45 s per call, with the RSD lock's wait.
+# The bound of one request's claim GETs together, retries included (one read started in time may take its own
+# request timeout more): with the locks' waits, far inside the kubelet's 45 s per call whatever the claim count.
 CLAIM_READ_TIMEOUT = 10.0
 SERIALIZE_LOCK = "serialize.lock"
 SERIALIZE_TIMEOUT = 15.0
@@ -99,7 +100,7 @@ class Preparer:
     def __init__(self, *, api: ClaimReader, inventory: Callable[[], NodeInventory], rsd_groups: RsdGroups,
                  checkpoint: Checkpoint, cdi_root: pathlib.Path, dev_root: pathlib.Path, pool: str,
                  read_status: Callable[[str], StatusReading], cdi_annotation: CdiAnnotation,
-                 node_timeout: float = DEVICE_NODE_TIMEOUT):
+                 node_timeout: float = DEVICE_NODE_TIMEOUT, clock: Callable[[], float] = time.monotonic):
         self._api = api
         self._inventory = inventory
         self._rsd_groups = rsd_groups
@@ -110,6 +111,7 @@ class Preparer:
         self._read_status = read_status
         self._cdi_annotation = cdi_annotation
         self._node_timeout = node_timeout
+        self._clock = clock
         # Serializes Prepare and Unprepare in this process; the flock beside the checkpoint serializes them
         # with any other instance on the node (a restart's overlap).
         self._lock = threading.Lock()
@@ -142,11 +144,17 @@ class Preparer:
         except CheckpointError as exc:
             return {ref.uid: ClaimResult(error=str(exc)) for ref in claims}
         wanted: dict[str, tuple[ClaimRef, dict[str, tuple[str, ...]]]] = {}
+        reads_end = self._clock() + CLAIM_READ_TIMEOUT
         for ref in claims:
             if (ref.uid in known and self._intact(ref.uid, known[ref.uid])) or ref.uid in wanted or ref.uid in results:
                 continue
+            remaining = reads_end - self._clock()
+            if remaining <= 0:
+                results[ref.uid] = ClaimResult(error=f"ResourceClaim {ref.namespace}/{ref.name} not read: the "
+                                                     f"request's {CLAIM_READ_TIMEOUT:g}s for API reads ran out; retry")
+                continue
             try:
-                claim = self._api.get_claim(ref.namespace, ref.name, CLAIM_READ_TIMEOUT)
+                claim = self._api.get_claim(ref.namespace, ref.name, remaining)
                 wanted[ref.uid] = (ref, allocated_devices(claim, ref, self._pool))
             except (ApiFailure, PrepareError) as exc:
                 results[ref.uid] = ClaimResult(error=str(exc))
