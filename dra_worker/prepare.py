@@ -6,6 +6,10 @@ its recorded answer again; a new one has its devices checked (known, Healthy by 
 for no other claim), gets one RSD group for all its devices under the node's RSD flock, a CDI spec, and a
 checkpoint entry, in that order, undone on failure. Unprepare destroys the claim's group, removes its spec
 and drops the entry; an unknown claim is done already. Errors are per claim, never raised.
+
+The checkpoint outlives a reboot (it is on disk), the RSD groups and CDI_ROOT (a tmpfs) do not: a recorded
+claim whose spec is gone is prepared again, and its recorded group, whose number a new group may have taken
+since, is not destroyed.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from shared.device_status import StatusReading
 from shared.rsd_group import RsdGroupError, RsdGroups, held_flock
 
 Json = dict[str, Any]
-# The claim GET's bound, retries included: far inside the kubelet's 45 s per call, with the RSD lock's wait.
+# The bound of one request's claim GETs together, retries included (one read started in time may take its own
+# request timeout more): with the locks' waits, far inside the kubelet's 45 s per call whatever the claim count.
 CLAIM_READ_TIMEOUT = 10.0
 SERIALIZE_LOCK = "serialize.lock"
 SERIALIZE_TIMEOUT = 15.0
@@ -95,7 +100,7 @@ class Preparer:
     def __init__(self, *, api: ClaimReader, inventory: Callable[[], NodeInventory], rsd_groups: RsdGroups,
                  checkpoint: Checkpoint, cdi_root: pathlib.Path, dev_root: pathlib.Path, pool: str,
                  read_status: Callable[[str], StatusReading], cdi_annotation: CdiAnnotation,
-                 node_timeout: float = DEVICE_NODE_TIMEOUT):
+                 node_timeout: float = DEVICE_NODE_TIMEOUT, clock: Callable[[], float] = time.monotonic):
         self._api = api
         self._inventory = inventory
         self._rsd_groups = rsd_groups
@@ -106,6 +111,7 @@ class Preparer:
         self._read_status = read_status
         self._cdi_annotation = cdi_annotation
         self._node_timeout = node_timeout
+        self._clock = clock
         # Serializes Prepare and Unprepare in this process; the flock beside the checkpoint serializes them
         # with any other instance on the node (a restart's overlap).
         self._lock = threading.Lock()
@@ -138,11 +144,17 @@ class Preparer:
         except CheckpointError as exc:
             return {ref.uid: ClaimResult(error=str(exc)) for ref in claims}
         wanted: dict[str, tuple[ClaimRef, dict[str, tuple[str, ...]]]] = {}
+        reads_end = self._clock() + CLAIM_READ_TIMEOUT
         for ref in claims:
-            if ref.uid in known or ref.uid in wanted or ref.uid in results:
+            if (ref.uid in known and self._intact(ref.uid, known[ref.uid])) or ref.uid in wanted or ref.uid in results:
+                continue
+            remaining = reads_end - self._clock()
+            if remaining <= 0:
+                results[ref.uid] = ClaimResult(error=f"ResourceClaim {ref.namespace}/{ref.name} not read: the "
+                                                     f"request's {CLAIM_READ_TIMEOUT:g}s for API reads ran out; retry")
                 continue
             try:
-                claim = self._api.get_claim(ref.namespace, ref.name, CLAIM_READ_TIMEOUT)
+                claim = self._api.get_claim(ref.namespace, ref.name, remaining)
                 wanted[ref.uid] = (ref, allocated_devices(claim, ref, self._pool))
             except (ApiFailure, PrepareError) as exc:
                 results[ref.uid] = ClaimResult(error=str(exc))
@@ -155,10 +167,11 @@ class Preparer:
                 for ref in claims:
                     if ref.uid in results:
                         continue
-                    if ref.uid in prepared:
+                    if ref.uid in prepared and (ref.uid not in wanted or self._intact(ref.uid, prepared[ref.uid])):
                         entry = prepared[ref.uid]
                         results[ref.uid] = ClaimResult(entry.devices, rsd_group=entry.rsd_group)
                     elif ref.uid in wanted:
+                        prepared.pop(ref.uid, None)  # a stale entry: its group and spec went with a reboot
                         results[ref.uid] = self._prepare_new(*wanted[ref.uid], prepared)
                     else:  # recorded at the first read, gone at the second: another instance unprepared it
                         results[ref.uid] = ClaimResult(error=f"claim {ref.uid} was unprepared meanwhile; retry")
@@ -166,6 +179,10 @@ class Preparer:
             for ref in claims:
                 results.setdefault(ref.uid, ClaimResult(error=str(exc)))
         return results
+
+    def _intact(self, uid: str, entry: PreparedClaim) -> bool:
+        """Whether a recorded claim's CDI spec is still there (it is written after the group and removed with it)."""
+        return entry.rsd_group is None or cdi.spec_path(self._cdi_root, uid).exists()
 
     def _check_devices(self, devices: Sequence[str], uid: str,
                        prepared: dict[str, PreparedClaim]) -> list[ServedDevice]:
@@ -263,7 +280,7 @@ class Preparer:
         if entry is None:
             return None
         try:
-            if entry.rsd_group is not None:
+            if entry.rsd_group is not None and self._intact(uid, entry):
                 self._rsd_groups.destroy(entry.rsd_group)
             cdi.remove_claim_spec(self._cdi_root, uid)
             del prepared[uid]

@@ -4,7 +4,8 @@ One thread owns the reconciliation. It wakes on every inventory snapshot and at 
 when what it would publish differs from what it last published, or the period has passed (the kubelet wipes a
 node's slices when it restarts or loses the driver for 30 s, and anyone may delete one), it lists the slices
 of this driver and node and repairs them: obsolete slices deleted first, changed ones updated, missing ones
-created, the pool generation bumped on any change. API failures are retried with backoff, never fatal.
+created, the pool generation bumped on any change. Failures, the API's or any other, are retried with backoff,
+never fatal.
 """
 
 from __future__ import annotations
@@ -82,10 +83,13 @@ class SlicePublisher:
                 return
             try:
                 self.reconcile_once()
-            except ApiFailure as exc:
+            except Exception as exc:  # an ApiFailure, or anything unforeseen: this thread alone keeps the pool
+                unforeseen = not isinstance(exc, ApiFailure)
                 self._published = None  # unknown now: the next try relists
                 wait = backoff.pause()
-                logger.warning("ResourceSlice publish failed; retrying", err=str(exc), retryInSeconds=wait)
+                logger.opt(exception=unforeseen).warning(
+                    "ResourceSlice publish failed; retrying", retryInSeconds=wait,
+                    err=f"{type(exc).__name__}: {exc}" if unforeseen else str(exc))
                 self._on_publish(False)
                 continue
             backoff.reset()

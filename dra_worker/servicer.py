@@ -81,11 +81,16 @@ class DraPlugin:
         refs = _refs(request.claims)
         response = pb2.NodeUnprepareResourcesResponse()
         for ref in refs:
-            error = self._preparer.unprepare([ref])[ref.uid]
+            failure: Exception | None = None
+            try:
+                error = self._preparer.unprepare([ref])[ref.uid]
+            except Exception as exc:  # as in prepare: a bug costs this claim, never the others or the worker
+                failure, error = exc, f"internal error: {type(exc).__name__}: {exc}"
             answer = response.claims[ref.uid]
             if error is not None:
                 answer.error = error
-                logger.error("Claim unpreparation failed", claimUID=ref.uid, err=error, durationMs=elapsed_ms(started))
+                logger.opt(exception=failure).error("Claim unpreparation failed", claimUID=ref.uid, err=error,
+                                                    durationMs=elapsed_ms(started))
             else:
                 logger.info("Unprepared claim", claimUID=ref.uid, durationMs=elapsed_ms(started))
         self._on_change()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from dra_worker import cdi
 from dra_worker.checkpoint import Checkpoint
 from dra_worker.inventory import InventoryState
-from dra_worker.prepare import ClaimRef, Preparer
+from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.cdi_spec import check_spec
 from shared.cdi_spec_dirs import parse_spec_text
@@ -26,13 +27,13 @@ def node(tmp_path):
     return simulated_node(tmp_path)
 
 
-def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2):
+def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic):
     plugin_dir = tmp_path / "plugins" / "npu.rebellions.ai"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     return Preparer(api=store, inventory=state.current, rsd_groups=RsdGroups(RblnSmi(node.rbln_smi), node.lock_file),
                     checkpoint=Checkpoint(plugin_dir), cdi_root=node.cdi_root, dev_root=node.dev_root, pool=NODE,
                     read_status=lambda device: read_status(node.sysfs_root, device), cdi_annotation=annotation,
-                    node_timeout=timeout)
+                    node_timeout=timeout, clock=clock)
 
 
 @pytest.fixture
@@ -96,6 +97,54 @@ def test_prepared_claims_survive_a_restart_and_unprepare_undoes_everything(node,
     assert not cdi.spec_path(node.cdi_root, "uid-1").exists()
     assert restarted.prepared_count() == 0
     assert restarted.unprepare([_ref(body)]) == {"uid-1": None}, "an unknown claim is unprepared already"
+
+
+def test_after_a_reboot_a_recorded_claim_is_prepared_again_and_a_gone_claim_spares_its_old_group_number(
+        node, tmp_path, world):
+    store, state, preparer = world
+    gone, kept = store.add(claim("uid-a", ["rbln0"])), store.add(claim("uid-b", ["rbln1"]))
+    old_group = preparer.prepare([_ref(gone)])["uid-a"].rsd_group
+    preparer.prepare([_ref(kept)])
+    # A reboot: the RSD groups and CDI_ROOT (a tmpfs) are gone, the checkpoint (on disk) is not.
+    groups = RsdGroups(RblnSmi(node.rbln_smi), node.lock_file)
+    for group in _groups(node):
+        groups.destroy(group)
+    for spec in node.cdi_root.glob(f"{cdi.VENDOR}-{cdi.CLASS}_*"):
+        spec.unlink()
+    restarted = _preparer(node, tmp_path, store, state)
+
+    again = restarted.prepare([_ref(kept)])["uid-b"]
+    assert again.error is None and cdi.spec_path(node.cdi_root, "uid-b").exists()
+    assert _groups(node) == {again.rsd_group: [_npus(node)["rbln1"]]}
+    assert again.rsd_group == old_group, "the new group takes the number the gone claim recorded"
+    assert restarted.prepare([_ref(kept)])["uid-b"] == again
+
+    assert restarted.unprepare([_ref(gone)]) == {"uid-a": None}
+    assert _groups(node) == {again.rsd_group: [_npus(node)["rbln1"]]}, "the kept claim's group survives"
+    assert restarted.prepared_count() == 1
+
+
+def test_the_claim_reads_of_one_request_share_one_bound_whatever_the_claim_count(node, tmp_path):
+    """A slow API server costs the request at most CLAIM_READ_TIMEOUT of reads: the claims left unread are
+    told to retry (the kubelet does), the ones read are prepared."""
+    now = [0.0]
+    timeouts: list[float] = []
+
+    class SlowStore(ClaimStore):
+        def get_claim(self, namespace, name, timeout):
+            timeouts.append(timeout)
+            now[0] += 0.6 * CLAIM_READ_TIMEOUT
+            return super().get_claim(namespace, name, timeout)
+
+    store, state = SlowStore(), InventoryState()
+    feed(state, node)
+    preparer = _preparer(node, tmp_path, store, state, clock=lambda: now[0])
+    bodies = [store.add(claim(f"uid-{i}", [f"rbln{i}"])) for i in range(3)]
+    results = preparer.prepare([_ref(b) for b in bodies])
+    assert timeouts == [CLAIM_READ_TIMEOUT, pytest.approx(0.4 * CLAIM_READ_TIMEOUT)]
+    assert results["uid-0"].error is None and results["uid-1"].error is None
+    assert "ran out; retry" in (results["uid-2"].error or "")
+    assert preparer.prepared_count() == 2
 
 
 def test_a_device_prepared_for_another_claim_is_refused(node, world):
