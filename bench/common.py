@@ -186,10 +186,12 @@ def process_name(pid: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """Kibibytes from /proc/<pid>/smaps_rollup: resident, and proportional (shared pages split among sharers)."""
+    """Kibibytes from /proc/<pid>/smaps_rollup: resident, proportional (shared pages split among sharers), and
+    anonymous (the process's own: its heap, Python's objects, copied library data; not the libraries' code)."""
 
     rss_kb: int
     pss_kb: int
+    anonymous_kb: int
 
 
 def memory(pid: int) -> Memory:
@@ -197,6 +199,6 @@ def memory(pid: int) -> Memory:
     with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as handle:
         for line in handle:
             key, _, rest = line.partition(":")
-            if key in ("Rss", "Pss"):
+            if key in ("Rss", "Pss", "Anonymous"):
                 values[key] = int(rest.split()[0])
-    return Memory(values["Rss"], values["Pss"])
+    return Memory(values["Rss"], values["Pss"], values["Anonymous"])

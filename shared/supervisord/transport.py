@@ -16,7 +16,6 @@ too, and the secret is in no environment, command line or log.
 from __future__ import annotations
 
 import base64
-import configparser
 import dataclasses
 import os
 import pathlib
@@ -24,7 +23,6 @@ import secrets
 import socket
 import struct
 import time
-from xml.etree import ElementTree
 
 from shared import safe_open
 from shared.config import RUN_DIR_ENV, SUPERVISOR_SOCKET
@@ -73,6 +71,8 @@ def _authorization(run_dir: pathlib.Path) -> bytes:
             raw = handle.read(_MAX_CREDENTIALS_BYTES + 1)
     except OSError as exc:
         raise SupervisorUnreachable(f"cannot read supervisord's credentials: {exc}") from None
+    import configparser  # here: only clients of supervisord pay for it (about 0.2 MB), not every process
+
     parser = configparser.ConfigParser(interpolation=None)
     try:
         if len(raw) > _MAX_CREDENTIALS_BYTES:
@@ -145,6 +145,8 @@ def exchange(run_dir: pathlib.Path, request_body: bytes, timeout: float = CALL_T
 
 def fault_code(response: bytes) -> int | None:
     """The faultCode of an XML-RPC fault response; None for any other answer."""
+    from xml.etree import ElementTree  # here: read only at shutdown; every process would pay about 0.5 MB
+
     try:
         code = ElementTree.fromstring(response).findtext("fault/value/struct/member[name='faultCode']/value/*")
         return None if code is None else int(code)
