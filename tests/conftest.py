@@ -1,23 +1,12 @@
 import os
-import pathlib
-import shutil
-import tempfile
 
-import pytest
+from tests.support.fixtures import short_tmp  # noqa: F401
 
 # The conformance scenarios drive the stack with the real kubelet's device manager: they need root and
 # a Go build, so tests/conformance/run.sh runs them with their own configuration, never this run.
 # tests/nfd and tests/cdi likewise: their run.sh builds real NFD programs and the CDI reference library's checker.
 # tests/dra likewise: its run.sh builds kube-apiserver, etcd and the kubelet's DRA manager.
 collect_ignore = ["conformance", "nfd", "cdi", "dra"]
-
-
-@pytest.fixture
-def short_tmp():
-    """A short temporary directory: unix socket paths must stay under ~107 characters."""
-    path = pathlib.Path(tempfile.mkdtemp(prefix="rbln-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 # CI runs the same examples every time, so a landing never depends on luck; local runs keep exploring.
