@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests.cdi.reference import CHECKER_ENV, ReferenceLibrary
-from tests.integration.conftest import kubelet, make_node, node_root, start_stack  # noqa: F401
+from tests.support.fixtures import kubelet, make_node, node_root, start_stack  # noqa: F401
 
 
 def pytest_configure(config: pytest.Config) -> None:

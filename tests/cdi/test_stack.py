@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,7 +19,8 @@ from shared.cdi_annotation import ANNOTATION_KEY, RUNTIME_DEVICE, CdiAnnotation
 from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
 from simulator.stack import ENTRYPOINT
 from tests.cdi_spec_family import EDGE_FILES
-from tests.integration.metrics_scrape import metrics_port, value, wait_for_scrape
+from tests.support.metrics_scrape import metrics_port, value, wait_for_scrape
+from tests.support.waiting import wait_until
 
 NPU = "rebellions.ai/npu"
 RESOLVABLE_METRIC = "rbln_device_plugin_cdi_spec_resolvable"
@@ -42,13 +42,10 @@ def status_report(node) -> dict:
 
 def await_worker_verdict(node, resolvable: bool, timeout: float = 20.0) -> None:
     """Until the npu worker's latest snapshot says `resolvable`: its next Allocate goes by it."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def verdict_is_reached() -> bool:
         status = process_status.read_status(node.run_dir, "worker-npu") or {}
-        if status.get("cdiResolvable") is resolvable:
-            return
-        assert time.monotonic() < deadline, f"the worker's verdict stayed {status.get('cdiResolvable')}"
-        time.sleep(0.05)
+        return status.get("cdiResolvable") is resolvable
+    wait_until(verdict_is_reached, timeout, f"the worker's verdict to become resolvable={resolvable}")
 
 
 class Scenario:

@@ -11,59 +11,37 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from simulator.node import SimulatedNode, build_node
-from simulator.spec import NodeSpec
+from simulator.node import SimulatedNode
 from simulator.stack import RUN_COMMAND, StackProcess
 from tests.conformance.kubelet_harness import PLUGIN_DIR, KubeletHarness
+from tests.support.fixtures import make_node  # noqa: F401
+from tests.support.kept_on_failure import (  # noqa: F401
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+    scenario_dir,
+    start_keeping,
+)
 
 HARNESS_BINARY = "KUBELET_HARNESS"
 SCAN_INTERVAL = "500ms"
-_KEPT = pytest.StashKey[list]()  # the config's: node dirs of failed scenarios
-_FAILED = pytest.StashKey[bool]()  # an item's: a phase of it failed
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get(HARNESS_BINARY):
         raise pytest.UsageError(f"{HARNESS_BINARY} is not set: run the conformance scenarios with "
                                 "tests/conformance/run.sh, which builds the kubelet harness")
-    config.stash[_KEPT] = []
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    report = yield
-    if report.failed:
-        item.stash[_FAILED] = True
-    return report
-
-
-def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
-    for path in config.stash[_KEPT]:
-        terminalreporter.write_line(f"kept for a failed scenario (node, stack and kubelet logs): {path}")
+    start_keeping(config)
 
 
 @pytest.fixture
 def node_root(request: pytest.FixtureRequest) -> Iterator[pathlib.Path]:
     """The node's directory; it holds the stack's logs and the harness's, and is kept when the scenario fails."""
-    root = pathlib.Path(tempfile.mkdtemp(prefix="rbln-cf-", dir="/tmp"))
-    yield root
-    if request.node.stash.get(_FAILED, False):
-        request.config.stash[_KEPT].append(root)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def make_node(node_root) -> Callable[..., SimulatedNode]:
-    def make(spec: str, numa_nodes: int = 1, switches: int = 2) -> SimulatedNode:
-        return build_node(node_root, NodeSpec.parse(spec, numa_nodes=numa_nodes, switches=switches))
-    return make
+    with scenario_dir(request, "rbln-cf-") as root:
+        yield root
 
 
 @pytest.fixture
@@ -108,7 +86,7 @@ class Serving:
 
 
 @pytest.fixture
-def serve(make_node, kubelet_factory, start_stack) -> Callable[..., Serving]:
+def serve(make_node, kubelet_factory, start_stack) -> Callable[..., Serving]:  # noqa: F811 (the fixture)
     """A node, a kubelet that knows its NUMA nodes and the stack, once each resource of `counts` is
     registered with that many devices, all healthy."""
     def serve(spec: str, counts: dict[str, int], numa_nodes: int = 1, switches: int = 2,

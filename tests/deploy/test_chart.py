@@ -7,72 +7,30 @@ these tests fail with the reason; they are never skipped.
 
 from __future__ import annotations
 
-import functools
-import pathlib
 import re
 import subprocess
 
 import pytest
 import yaml
 
-from tests.deploy import ROOT, load_deploy_module, project_version
+from tests.support.chart import (
+    CHART,
+    NAMESPACE,
+    NFD_API,
+    RELEASE,
+    manifest_checks,
+    render,
+    run_helm,
+)
+from tests.support.deploy import ROOT, project_version
 
-CHART = ROOT / "deploy" / "helm" / "k8s-device-plugin-chart"
 CI_VALUES = sorted((ROOT / "deploy" / "helm" / "ci-values").glob("*.yaml"))
 # The original Go plugin's chart values: all at their defaults, and all set (deploy/helm/ci-values/).
 ORIGINAL_DEFAULTS = ROOT / "deploy/helm/ci-values/original-defaults.yaml"
 ORIGINAL_EVERY_KEY = ROOT / "deploy/helm/ci-values/original-every-key.yaml"
-RELEASE = "k8s-device-plugin"
-NAMESPACE = "rbln-system"
 # As the original chart names them: the chart's name, not the release's, and its one container.
 FULLNAME = "k8s-device-plugin-chart"
 CONTAINER = "plugin"
-
-
-tools = load_deploy_module("tools")
-manifest_checks = load_deploy_module("manifest_checks")
-
-
-@functools.cache
-def _helm_or_problem() -> tuple[str | None, str]:
-    """Looked up once per session, a failure too: every chart test then fails at once with the same reason."""
-    try:
-        return str(tools.helm()), ""
-    except tools.ToolError as exc:
-        return None, str(exc)
-
-
-def helm_binary() -> str:
-    path, problem = _helm_or_problem()
-    if path is None:
-        pytest.fail(f"helm is needed to test the chart: {problem}", pytrace=False)
-    return path
-
-
-def _run_helm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=120)
-
-
-@functools.cache
-def _render(args: tuple[str, ...]) -> tuple[dict, ...]:
-    result = _run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", "1.35.0",
-                       *args)
-    assert result.returncode == 0, f"helm template {' '.join(args)} failed:\n{result.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
-
-
-def render(*sets: str, values: pathlib.Path | None = None, strings: tuple[str, ...] = (),
-           api_versions: tuple[str, ...] = ()) -> list[dict]:
-    """Documents of `helm template`; `sets` are --set KEY=VALUE, `strings` --set-string KEY=VALUE,
-    `api_versions` the APIs the cluster is said to serve (--api-versions)."""
-    args: list[str] = [arg for api in api_versions for arg in ("--api-versions", api)]
-    if values is not None:
-        args += ["--values", str(values)]
-    for item in sets:
-        args += ["--set", item]
-    for item in strings:
-        args += ["--set-string", item]
-    return [dict(doc) for doc in _render(tuple(args))]
 
 
 def daemonset(*sets: str, **kwargs) -> dict:
@@ -414,7 +372,7 @@ def test_notes_say_where_the_metrics_are(sets, says):
 def install_notes(*sets: str) -> str:
     """What `helm install` prints (a client-side dry run), with `sets` as --set KEY=VALUE."""
     args = [arg for item in sets for arg in ("--set", item)]
-    result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
+    result = run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -436,7 +394,7 @@ def test_notes_say_what_cdi_needs_and_what_the_setting_does(sets, says):
 
 
 def test_a_cdi_annotation_the_stack_does_not_know_is_refused_by_the_chart():
-    result = _run_helm("template", RELEASE, str(CHART), "--set", "devicePlugin.cdiAnnotation=sometimes")
+    result = run_helm("template", RELEASE, str(CHART), "--set", "devicePlugin.cdiAnnotation=sometimes")
     assert result.returncode != 0 and "cdiAnnotation" in result.stderr
 
 
@@ -502,7 +460,7 @@ def test_the_checks_refuse_a_rule_that_admits_everyone_or_names_no_container_por
 
 
 def test_the_schema_refuses_what_is_no_cidr():
-    result = _run_helm("template", RELEASE, str(CHART), "--set", "networkPolicy.probeCIDRs={10.0.0}")
+    result = run_helm("template", RELEASE, str(CHART), "--set", "networkPolicy.probeCIDRs={10.0.0}")
     assert result.returncode != 0 and "/networkPolicy/probeCIDRs/0" in result.stderr
 
 
@@ -798,7 +756,7 @@ def test_use_generic_resource_name_takes_go_boolean_strings(value):
 ])
 def test_each_setting_has_one_key_the_originals(old, where, new):
     key = re.split(r"[.\[=]", old.removeprefix("paths.").removeprefix("devicePlugin."))[0]
-    result = _run_helm("template", RELEASE, str(CHART), "--set", old)
+    result = run_helm("template", RELEASE, str(CHART), "--set", old)
     assert result.returncode != 0 and "don't meet the specifications of the schema" in result.stderr
     assert f"at '{where}': additional properties '{key}' not allowed" in result.stderr, result.stderr
     assert render(new)
@@ -840,21 +798,21 @@ PORT = "/devicePlugin/containers/plugin/healthcheckPort"
     (("--set", "paths.kubeletPodResourcesSocket=kubelet.sock"), "/paths/kubeletPodResourcesSocket"),
 ])
 def test_schema_rejects_wrong_values(args, where):
-    result = _run_helm("template", RELEASE, str(CHART), *args)
+    result = run_helm("template", RELEASE, str(CHART), *args)
     assert result.returncode != 0
     assert "don't meet the specifications of the schema" in result.stderr
     assert f"'{where}'" in result.stderr, result.stderr
 
 
 def test_helm_lint_strict_passes():
-    result = _run_helm("lint", "--strict", str(CHART))
+    result = run_helm("lint", "--strict", str(CHART))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(("port", "said"), [("-1", "the health service is off"),
                                             ("0", "listens on a port the kernel picks")])
 def test_notes_mention_probes_state(port, said):
-    result = _run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+    result = run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
                        "--set", f"devicePlugin.containers.plugin.healthcheckPort={port}")
     assert result.returncode == 0, result.stderr
     assert "No liveness or readiness probe" in result.stdout and said in result.stdout
@@ -868,7 +826,6 @@ def test_termination_message_is_kept_out_of_the_nodes_dev():
 
 # --- Node labels (NFD) -------------------------------------------------------------------------------
 
-NFD_API = ("nfd.k8s-sigs.io/v1alpha1",)
 FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
 

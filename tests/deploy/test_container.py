@@ -15,7 +15,7 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.deploy import ROOT, project_version
+from tests.support.deploy import ROOT, project_version
 
 CONTAINER_DIR = ROOT / "deploy" / "container"
 DOCKERFILE = CONTAINER_DIR / "Dockerfile"

@@ -4,31 +4,14 @@ operator looks for: devices by health, allocations and their latency, rbln-smi t
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 
 from shared import metrics
 from shared.metrics import FAMILIES, Kind
-from tests.deploy import ROOT
+from tests.support.dashboard import load, queries
 
-DASHBOARD = ROOT / "deploy" / "grafana" / "rbln-device-plugin-dashboard.json"
 METRIC_NAME = re.compile(r"\brbln_device_plugin_[a-z0-9_]+")
 _HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
-
-
-def load() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def queries(dashboard: dict) -> Iterator[str]:
-    """Every PromQL expression of the dashboard: its panels' targets and its template variables."""
-    for panel in dashboard["panels"]:
-        for target in panel.get("targets", []):
-            yield target["expr"]
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "query":
-            yield variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
 
 
 def exported_series() -> set[str]:

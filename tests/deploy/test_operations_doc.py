@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from tests.deploy import ROOT
+from tests.support.deploy import ROOT
 
 GUIDE = (ROOT / "docs" / "operations.md").read_text()
 STACK_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker")

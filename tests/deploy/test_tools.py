@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from tests.deploy import load_deploy_module
+from tests.support.deploy import load_deploy_module
 
 tools = load_deploy_module("tools")
 

@@ -24,11 +24,17 @@ import yaml
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
+from tests.dra.dra_harness import DRIVER, ApiServer, DraKubelet
+from tests.support.deploy import load_deploy_module
 
-# The conformance scenarios' hooks: a failed scenario's directory is kept and named in the summary.
-from tests.conformance.conftest import _FAILED, _KEPT, pytest_runtest_makereport, pytest_terminal_summary  # noqa: F401
-from tests.deploy import load_deploy_module
-from tests.dra.dra_harness import DRIVER, ApiServer, DraKubelet, wait_until
+# A failed scenario's directory is kept and named in the summary, as in the conformance scenarios.
+from tests.support.kept_on_failure import (  # noqa: F401
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+    scenario_dir,
+    start_keeping,
+)
+from tests.support.waiting import wait_until
 
 HARNESS_BINARY = "DRA_HARNESS"
 SCAN_INTERVAL = "500ms"
@@ -45,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get(HARNESS_BINARY):
         raise pytest.UsageError(f"{HARNESS_BINARY} is not set: run the DRA scenarios with tests/dra/run.sh, "
                                 "which builds the harness")
-    config.stash[_KEPT] = []
+    start_keeping(config)
 
 
 def _binary() -> pathlib.Path:
@@ -97,13 +103,9 @@ class ClusterAccess:
 @pytest.fixture
 def node_root(request: pytest.FixtureRequest, cluster) -> Iterator[pathlib.Path]:
     """The scenario's directory: node, stack logs, kubelet state and log; kept when the scenario fails."""
-    root = pathlib.Path(tempfile.mkdtemp(prefix="rbln-dra-", dir="/tmp"))
-    yield root
-    if request.node.stash.get(_FAILED, False):
-        shutil.copy(cluster.server.log_path, root / "apiserver.log")
-        request.config.stash[_KEPT].append(root)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
+    with scenario_dir(request, "rbln-dra-",
+                      on_failure=lambda root: shutil.copy(cluster.server.log_path, root / "apiserver.log")) as root:
+        yield root
 
 
 @dataclasses.dataclass

@@ -8,8 +8,7 @@ import pathlib
 import queue
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tests.conformance.kubelet_harness import HarnessError, KubeletHarness
@@ -147,18 +146,6 @@ class DraKubelet(KubeletHarness):
 
     def unprepare(self, pod_uid: str) -> None:
         self.request("unprepare", timeout=60, podUID=pod_uid)
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, poll: float = 0.05) -> Any:
-    """Poll `condition` until it returns something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(poll)
 
 
 def pod(name: str, namespace: str, claims: Mapping[str, str] | None = None,

@@ -14,7 +14,8 @@ from shared.supervisord.client import connect
 from tests.cdi.reference import ReferenceLibrary
 from tests.cdi_spec_family import EDGE_FILES
 from tests.conformance.kubelet_harness import HarnessError
-from tests.dra.dra_harness import claim, exactly, pod, wait_until
+from tests.dra.dra_harness import claim, exactly, pod
+from tests.support.waiting import wait_until
 
 NPU_CLASS = "npu.rebellions.ai"
 FAULT = 4

@@ -6,7 +6,8 @@ import grpc
 
 from shared.pluginregistration.v1 import api_pb2 as registration
 from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from tests.dra.dra_harness import DRIVER, wait_until
+from tests.dra.dra_harness import DRIVER
+from tests.support.waiting import wait_until
 
 REGISTERED = "Registered with the kubelet"
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tests.conformance.kubelet_harness import HarnessError
-from tests.dra.dra_harness import DRIVER, RESOURCE_V1, DraKubelet, claim, exactly, pod, wait_until
+from tests.dra.dra_harness import DRIVER, RESOURCE_V1, DraKubelet, claim, exactly, pod
+from tests.support.waiting import wait_until
 
 MIXED = "2,1:vf1,1:vf4"
 MIXED_DEVICES = {"rbln0", "rbln1", "rbln2-0", "rbln3-0", "rbln3-1", "rbln3-2", "rbln3-3"}

@@ -17,7 +17,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,10 +24,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from shared.resources import Resource
-from tests.deploy.test_dashboard import load as load_dashboard
-from tests.deploy.test_dashboard import queries as dashboard_queries
-from tests.integration.metrics_scrape import metrics_port
-from tests.integration.test_supervision import free_port
+from tests.support.dashboard import load as load_dashboard
+from tests.support.dashboard import queries as dashboard_queries
+from tests.support.metrics_scrape import metrics_port
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 NPU, VF4 = Resource.NPU.value, Resource.NPU_VF4.value
 JOB = "rbln-device-plugin"
@@ -63,7 +63,7 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         self._log_path = directory / "prometheus.log"
-        self._await(lambda: self._ready(), START_TIMEOUT, "Prometheus to be ready")
+        wait_until(self._ready, START_TIMEOUT, "Prometheus to be ready", poll=0.25)
 
     def _ready(self) -> bool:
         if self._process.poll() is not None:
@@ -90,20 +90,13 @@ class Prometheus:
 
     def await_values(self, promql: str, expected: dict, what: str) -> None:
         try:
-            self._await(lambda: self.values(promql) == expected, QUERY_TIMEOUT, what)
+            wait_until(lambda: self.values(promql) == expected, QUERY_TIMEOUT, what, poll=0.25)
         except TimeoutError as exc:
             with urllib.request.urlopen(f"{self.url}/api/v1/targets", timeout=5) as answer:
                 targets = json.load(answer)["data"]["activeTargets"]
             raise TimeoutError(f"{exc}: {promql} is {self.values(promql)}, not {expected}; targets: "
                                + json.dumps([{k: t.get(k) for k in ("scrapeUrl", "health", "lastError")}
                                              for t in targets])) from None
-
-    def _await(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-            time.sleep(0.25)
 
     def stop(self) -> None:
         self._process.terminate()

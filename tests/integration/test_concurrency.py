@@ -10,9 +10,9 @@ import grpc
 
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.resources import Resource
-from tests.integration.test_faults import non_default_groups, wait_until
-from tests.integration.test_spine import all_healthy
-from tests.unit.test_rsd_group import change_in_progress
+from tests.support.contract import all_healthy
+from tests.support.node_state import change_in_progress, non_default_groups
+from tests.support.waiting import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
 # A call that does not wait for the Allocate holding the RSD lock answers well within this.

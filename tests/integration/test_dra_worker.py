@@ -194,7 +194,7 @@ def test_a_node_serves_its_npus_one_way_only(make_node, start_stack, api):
 
 def test_the_stack_s_metrics_count_prepares_prepared_claims_and_slice_publishes(make_node, start_stack, api):
     from shared.metrics import FAMILIES
-    from tests.integration.metrics_scrape import families, metrics_port, scrape_text, value, wait_for_scrape
+    from tests.support.metrics_scrape import families, metrics_port, scrape_text, value, wait_for_scrape
 
     node = make_node("1")
     stack = start_stack(node, METRICS_PORT="0", **_dra_env(node, api))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from shared.resources import Resource
-from tests.deploy import ROOT
+from tests.support.deploy import ROOT
 
 EXAMPLES = ROOT / "examples"
 VF4 = Resource.NPU_VF4.value

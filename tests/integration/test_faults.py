@@ -10,7 +10,6 @@ import pathlib
 import shutil
 import signal
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
@@ -18,14 +17,15 @@ import pytest
 
 from rbln_device_plugin.simulate import expected_resources
 from resource_worker.allocation import DEVICE_NODE_TIMEOUT
-from shared import ipc, process_status
+from shared import ipc
 from shared.rbln_smi import LIST_TIMEOUT
 from shared.resources import Resource
 from simulator import hostile
 from simulator.smi_state import GROUP_CHANGES
-from tests.integration.test_spine import all_healthy
-from tests.unit.test_discovery import STATUS_JUNK, bus_link, replace_with_loop
-from tests.unit.test_rsd_group import change_in_progress
+from tests.support.contract import all_healthy
+from tests.support.hostile_files import STATUS_JUNK, bus_link, replace_with_loop
+from tests.support.node_state import await_scans, change_in_progress, non_default_groups, process_pid
+from tests.support.waiting import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
 DISCOVERY_FAILED = "Device discovery failed; reporting zero devices until it recovers"
@@ -35,35 +35,6 @@ ALLOCATE_MARGIN = 3.0
 
 # Helpers shared by the reliability tests
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str):
-    """Poll `predicate` until it returns something true (which is returned); TimeoutError after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
-
-
-def process_pid(node, process: str) -> int | None:
-    status = process_status.read_status(node.run_dir, process)
-    return status["pid"] if status else None
-
-
-def await_scans(node, count: int = 2, timeout: float = 20.0) -> None:
-    """Return once `count` scans have completed after now (the scanner rewrites its status file each scan)."""
-    since = time.monotonic()
-    for _ in range(count):
-        def scanned_after(moment=since):
-            status = process_status.read_status(node.run_dir, "scanner")
-            return status["monotonic"] if status and status["monotonic"] > moment else None
-        since = wait_until(scanned_after, timeout, "a scan")
-
-
-def non_default_groups(node) -> dict[int, list[int]]:
-    return {gid: npus for gid, npus in node.rsd_groups().items() if gid != 0}
 
 
 def group_changes(node) -> list[dict]:

@@ -14,19 +14,19 @@ import sys
 from shared.programs import WORKERS
 from simulator.node import SimulatedNode
 from simulator.stack import ENTRYPOINT, StackProcess
-from tests.integration.metrics_scrape import scrape_text
-from tests.integration.test_faults import wait_until
-from tests.integration.test_security import check
-from tests.integration.test_supervision import (
+from tests.support.metrics_scrape import scrape_text
+from tests.support.ports import free_port
+from tests.support.supervision import (
     DEVICES,
     NODE,
     SERVING,
     await_health,
     await_restarted_workers,
     await_serving,
-    free_port,
+    health,
     registrations,
 )
+from tests.support.waiting import wait_until
 
 VF4 = "rebellions.ai/npu-vf4"
 TMPFS_SIZE = "4m"
@@ -91,10 +91,10 @@ def test_a_full_run_dir_costs_the_metrics_and_no_process(make_node, kubelet):
                                              process="worker-npu-vf4")
             assert reported[-1]["path"] == str(node.run_dir / "metrics")
             # The probes still see every program's status: the status files are written without new space.
-            wait_until(lambda: check(health_port, "liveness") == SERVING
-                       and check(health_port, "readiness") == SERVING, 15, "the probes on a full run dir")
+            wait_until(lambda: health(health_port, "liveness") == SERVING
+                       and health(health_port, "readiness") == SERVING, 15, "the probes on a full run dir")
             for _ in range(10):
-                assert check(health_port, "liveness") == SERVING
+                assert health(health_port, "liveness") == SERVING
             assert "rbln_device_plugin_registered" in scrape_text(metrics_port)
         # Space again: the next events are recorded, and that is said once.
         assert kubelet.allocate(VF4, [sorted(DEVICES[VF4])[1:2]]).container_responses[0].devices

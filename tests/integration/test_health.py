@@ -10,7 +10,7 @@ import pytest
 from shared import process_status
 from shared.resources import Resource
 from simulator import smi_state
-from tests.integration.test_spine import assert_contract_response
+from tests.support.contract import assert_contract_response
 
 NPU = Resource.NPU.value
 H, U = "Healthy", "Unhealthy"

@@ -19,7 +19,6 @@ import pathlib
 import queue
 import shutil
 import signal
-import socket
 import stat
 import sys
 import tempfile
@@ -43,8 +42,10 @@ from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
-from tests.integration.test_faults import await_scans, process_pid, wait_until
-from tests.unit.test_ipc import message, record
+from tests.support.inventory import message, record
+from tests.support.node_state import await_scans, process_pid
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 NPU = Resource.NPU.value
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -97,12 +98,6 @@ class Served:
     @property
     def endpoint(self) -> pathlib.Path:
         return self.node.plugin_dir / self.kubelet.resources()[NPU].endpoint
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ from shared.metrics import DRA_ONLY_FAMILIES, FAMILIES, metrics_dir
 from shared.programs import PROGRAMS
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT
-from tests.integration.metrics_scrape import families, metrics_port, parse, scrape_text, series, value, wait_for_scrape
-from tests.integration.test_faults import wait_until
-from tests.integration.test_supervision import listening_ports, program_info
+from tests.support.metrics_scrape import families, metrics_port, parse, scrape_text, series, value, wait_for_scrape
+from tests.support.ports import listening_ports
+from tests.support.supervision import program_info
+from tests.support.waiting import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
 NODE = "2,1:vf4"

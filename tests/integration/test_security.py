@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kubelet_watchdog import health_server, metrics_server
 from shared.rbln_smi import TOOL_ENVIRONMENT
@@ -26,9 +25,9 @@ from simulator.node import SimulatedNode
 from simulator.stack import ENTRYPOINT, StackProcess
 from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
 from tests.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
-from tests.integration.metrics_scrape import scrape_text
-from tests.integration.test_faults import wait_until
-from tests.integration.test_supervision import (
+from tests.support.metrics_scrape import scrape_text
+from tests.support.ports import free_port
+from tests.support.supervision import (
     DEVICES,
     NODE,
     NOT_SERVING,
@@ -36,27 +35,16 @@ from tests.integration.test_supervision import (
     await_health,
     await_restarted_workers,
     await_serving,
-    free_port,
+    health,
     program_info,
     registrations,
     status_command,
 )
+from tests.support.waiting import wait_until
 
 NPU = "rebellions.ai/npu"
-# The chart's probes give the kubelet's Check this long (probes.*.timeoutSeconds).
-PROBE_TIMEOUT = 5.0
 UNIMPLEMENTED = str(grpc.StatusCode.UNIMPLEMENTED.value[0])
 NOBODY = 65534
-
-
-def check(port: int, service: str, timeout: float = PROBE_TIMEOUT):
-    """One probe as the kubelet makes it: a new connection, one Check with the probe's deadline."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                             timeout=timeout).status
-        except grpc.RpcError as exc:
-            return exc.code()
 
 
 def crit_lines(stack: StackProcess) -> list[str]:
@@ -68,14 +56,14 @@ def probes_and_the_watchdog_hold(stack: StackProcess, kubelet, health_port: int,
     every resource registering again and the probes passing again (liveness follows the workers' restart:
     they are not RUNNING for the moment supervisord starts them)."""
     for _ in range(10):
-        assert check(health_port, "liveness", timeout=1.0) == SERVING
-        assert check(health_port, "readiness", timeout=1.0) == SERVING
+        assert health(health_port, "liveness", timeout=1.0) == SERVING
+        assert health(health_port, "readiness", timeout=1.0) == SERVING
     before = registrations(kubelet)
     kubelet.restart()
     await_restarted_workers(stack, starts=restarts + 1)
     await_serving(kubelet, since=before)
-    wait_until(lambda: check(health_port, "liveness", timeout=1.0) == SERVING
-               and check(health_port, "readiness", timeout=1.0) == SERVING, 30, "the probes after the kubelet restart")
+    wait_until(lambda: health(health_port, "liveness", timeout=1.0) == SERVING
+               and health(health_port, "readiness", timeout=1.0) == SERVING, 30, "the probes after the kubelet restart")
 
 
 def attacked_stack(make_node, kubelet, start_stack) -> tuple[SimulatedNode, StackProcess, int, int]:
@@ -102,7 +90,7 @@ def test_the_health_port_answers_while_hostile_clients_hold_it_with_a_zero_windo
         # State changes still reach Check: a program stopped and started again.
         supervisor = server_proxy(node.run_dir).supervisor
         supervisor.stopProcess("worker-npu-vf1")
-        wait_until(lambda: check(port, "liveness") == NOT_SERVING, 15, "liveness to follow a stopped program")
+        wait_until(lambda: health(port, "liveness") == NOT_SERVING, 15, "liveness to follow a stopped program")
         supervisor.startProcess("worker-npu-vf1")
         await_health(port, default=SERVING, liveness=SERVING, readiness=SERVING)
         # The server ends the stuck connections at their deadline (and the attacker opens them again).

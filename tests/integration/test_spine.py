@@ -1,6 +1,5 @@
 """The whole path, node -> scanner -> ZeroMQ -> workers -> kubelet, on simulated nodes."""
 
-import time
 
 import grpc
 import pytest
@@ -8,13 +7,10 @@ import pytest
 from shared import process_status
 from shared.programs import WORKERS
 from shared.resources import Resource
+from tests.support.contract import HEALTHY, all_healthy, assert_contract_response
+from tests.support.waiting import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
-HEALTHY = "Healthy"
-
-
-def all_healthy(ids):
-    return {device: HEALTHY for device in ids}
 
 
 def registered(kubelet):
@@ -41,10 +37,8 @@ def test_pf_only_node_registers_npu_only(make_node, kubelet, start_stack):
 
 def loaded_libraries(node, process: str, timeout: float = 20.0) -> str:
     """The file names mapped into `process` (its pid from the status file it writes once it runs)."""
-    deadline = time.monotonic() + timeout
-    while (status := process_status.read_status(node.run_dir, process)) is None:
-        assert time.monotonic() < deadline, f"{process} wrote no status file within {timeout}s"
-        time.sleep(0.05)
+    status = wait_until(lambda: process_status.read_status(node.run_dir, process), timeout,
+                        f"{process} to write its status file")
     pid = status["pid"]
     with open(f"/proc/{pid}/maps") as maps:
         return "".join(line.rsplit("/", 1)[-1] for line in maps if "/" in line)
@@ -77,17 +71,6 @@ def test_unsupported_vf_count_is_excluded_and_logged(make_node, kubelet, start_s
     assert {r["device"] for r in excluded} == {"rbln1-0", "rbln1-1"}
     assert all(r["level"] == "error" and "2 VFs" in r["err"] for r in excluded)
     assert registered(kubelet) == {NPU}
-
-
-def assert_contract_response(response, ids, node):
-    (container,) = response.container_responses
-    groups = {gid: npus for gid, npus in node.rsd_groups().items() if gid != 0}
-    (gid,) = [g for g, npus in groups.items() if sorted(npus) == sorted(node.device(i).npu for i in ids)]
-    expected = [("/dev/rsd0", f"/dev/rsd{gid}", "rw")] + [(f"/dev/{i}", f"/dev/{i}", "rw") for i in sorted(ids)]
-    assert [(d.container_path, d.host_path, d.permissions) for d in container.devices] == expected
-    assert dict(container.annotations) == {"cdi.k8s.io/rebellions.ai_npu": "rebellions.ai/npu=runtime"}
-    assert not container.envs and not container.mounts
-    return gid
 
 
 def test_allocate_for_a_pf_and_a_vf(make_node, kubelet, start_stack):

@@ -6,119 +6,43 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
-import subprocess
-import sys
 import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.programs import PROGRAMS, WORKERS
 from shared.resources import Resource
-from shared.supervisord.client import connect, server_proxy
+from shared.supervisord.client import server_proxy
 from simulator.kubelet import KubeletSimulator
-from simulator.stack import ENTRYPOINT
-from tests.integration.test_faults import wait_until
+from tests.support.ports import free_port, listening_ports
+from tests.support.supervision import (
+    DEVICES,
+    NODE,
+    NOT_SERVING,
+    NPU,
+    SERVING,
+    VF1,
+    VF4,
+    await_health,
+    await_restarted_workers,
+    await_serving,
+    health,
+    program_info,
+    registrations,
+    status_command,
+)
+from tests.support.waiting import wait_until
 
-NPU, VF1, VF4 = (r.value for r in Resource)
-# One device of every resource: every worker serves.
-NODE = "1,1:vf1,1:vf4"
-DEVICES = {NPU: {"rbln0"}, VF1: {"rbln1-0"}, VF4: {"rbln2-0", "rbln2-1", "rbln2-2", "rbln2-3"}}
 FAULTED = {NPU: "rbln0", VF1: "rbln1-0", VF4: "rbln2-3"}
 # supervisor.conf: startretries=3 after 1, 2 and 3 s, startsecs=2; a program failing that long is FATAL.
 RETRY_WINDOW = 1 + 2 + 3 + 2
 ENDED = "Kubelet ended the device list stream; registering again"
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def registrations(kubelet) -> dict[str, int]:
-    return {name: view.registrations for name, view in kubelet.resources().items()}
-
-
-def await_serving(kubelet, since: dict[str, int] | None = None, timeout: float = 30.0) -> None:
-    """Every resource connected with all its devices, each registered more often than in `since`."""
-    since = since or {}
-
-    def serving(k):
-        views = k.resources()
-        return all(name in views and views[name].connected and views[name].updates > 0
-                   and set(views[name].devices) == ids and views[name].registrations > since.get(name, 0)
-                   for name, ids in DEVICES.items())
-    kubelet.wait_for(serving, timeout, "every resource served")
-
-
-def await_restarted_workers(stack, starts: int, timeout: float = 30.0) -> None:
-    """Each worker started `starts` times, and its latest instance has registered."""
-    for worker in WORKERS:
-        stack.wait_for_record("Starting rbln-device-plugin", count=starts, process=worker, timeout=timeout)
-
-    def registered_last():
-        return all([r["msg"] for r in stack.find(process=worker)
-                    if r["msg"] in ("Starting rbln-device-plugin", "Registered device plugin with kubelet")][-1]
-                   == "Registered device plugin with kubelet" for worker in WORKERS)
-    wait_until(registered_last, timeout, "the restarted workers to register")
-
-
-def program_info(node) -> dict[str, dict]:
-    return connect(node.run_dir).programs()
 
 
 def sockets(directory) -> set[str]:
     return {entry.name for entry in directory.iterdir() if stat.S_ISSOCK(entry.lstat().st_mode)}
-
-
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports a process listens on: its socket fds matched against /proc/net/tcp{,6} in state LISTEN."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                rows = [line.split() for line in list(lines)[1:]]
-        except FileNotFoundError:
-            continue  # no IPv6 on this host
-        ports |= {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes}
-    return ports
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def health(port: int, service: str):
-    """The health service's answer for `service`: a serving status, or the gRPC status code of an error."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        try:
-            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                             timeout=5).status
-        except grpc.RpcError as exc:
-            return exc.code()
-
-
-def await_health(port: int, **expected) -> None:
-    """Wait until each service (`liveness=`, `readiness=`, `default=` for "") answers as expected."""
-    names = {"default": ""}
-    wait_until(lambda: all(health(port, names.get(service, service)) == answer
-                           for service, answer in expected.items()), 15, f"health answers {expected}")
-
-
-def status_command(stack_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    """`rbln-device-plugin status` as an operator runs it in the pod: same environment, separate process."""
-    return subprocess.run([sys.executable, "-c", ENTRYPOINT, "status", *args], env=stack_env,
-                          capture_output=True, text=True, timeout=30)
 
 
 def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node, kubelet, start_stack):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.conftest import short_tmp  # noqa: F401  (tests/conftest.py is above this suite's rootdir)
+from tests.support.fixtures import short_tmp  # noqa: F401
 
 REQUIRED = ("NFD_WORKER", "NFD_RULES", "NFD_CRDS")
 

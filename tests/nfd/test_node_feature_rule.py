@@ -10,8 +10,9 @@ import yaml
 
 from simulator.node import build_node
 from simulator.spec import NodeSpec
-from tests.deploy.test_chart import NFD_API, ROOT, manifest_checks, render
 from tests.nfd.nfd_tools import crds, rule_labels
+from tests.support.chart import NFD_API, manifest_checks, render
+from tests.support.deploy import ROOT
 
 CI_VALUES = ROOT / "deploy/helm/ci-values/node-labels.yaml"
 

@@ -257,7 +257,7 @@ def test_settings():
 
 def test_status_shows_the_verdict_the_dirs_and_refused_specs(tmp_path):
     from rbln_device_plugin.status import build_report, render_text
-    from tests.unit.test_watchdog import running, scanner_status
+    from tests.support.status_samples import running, scanner_status
 
     programs = running()
     (tmp_path / "rbln.yaml").write_text(TOOLKIT_SPEC.replace("kind:", "kinds:"))
@@ -280,7 +280,7 @@ def test_status_shows_the_verdict_the_dirs_and_refused_specs(tmp_path):
 def test_the_metric_is_the_scanner_s_verdict(cdi, expected):
     from kubelet_watchdog.probes import current_status
     from kubelet_watchdog.stack_metrics import StackView, state_samples
-    from tests.unit.test_watchdog import running, scanner_status
+    from tests.support.status_samples import running, scanner_status
 
     programs = running()
     scanner = {**scanner_status(programs, npu=1), **({"cdi": cdi} if cdi is not None else {})}

@@ -12,7 +12,7 @@ from shared.device_status import UNREADABLE, StatusReading
 from shared.rbln_smi import RblnSmi
 from shared.resources import Resource
 from shared.rsd_group import RsdGroups
-from tests.unit.test_ipc import message, record
+from tests.support.inventory import message, record
 
 READY, BUSY, FAULT = StatusReading(0), StatusReading(1), StatusReading(4)
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"

@@ -8,7 +8,7 @@ import pytest
 from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
 from tests.fake_kube_api import FakeKubeApi
-from tests.unit.dra_support import NODE, claim, feed, simulated_node
+from tests.support.dra import NODE, claim, feed, simulated_node
 
 
 @pytest.fixture

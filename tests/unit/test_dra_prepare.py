@@ -19,7 +19,7 @@ from shared.cdi_spec_dirs import parse_spec_text
 from shared.device_status import read_status
 from shared.rbln_smi import RblnSmi
 from shared.rsd_group import RsdGroups
-from tests.unit.dra_support import NODE, ClaimStore, claim, feed, simulated_node
+from tests.support.dra import NODE, ClaimStore, claim, feed, simulated_node
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
 from dra_worker.publisher import SlicePublisher
 from shared.config import DRA_DRIVER
-from tests.unit.dra_support import NODE, feed, simulated_node
+from tests.support.dra import NODE, feed, simulated_node
 
 
 class SliceStore:

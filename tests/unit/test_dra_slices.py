@@ -13,7 +13,7 @@ from shared.device_health import Health
 from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
 from shared.resources import Resource
-from tests.unit.dra_support import NODE, feed, simulated_node
+from tests.support.dra import NODE, feed, simulated_node
 
 
 def _record(device_id: str, **changes) -> DeviceRecord:

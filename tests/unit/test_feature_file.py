@@ -12,7 +12,7 @@ from loguru import logger
 
 from scanner import feature_file
 from scanner.feature_file import LIFETIME_SECONDS, FeatureFile, parse, render, renewal_margin
-from tests.unit.test_discovery import as_unprivileged, open_to_all
+from tests.support.hostile_files import as_unprivileged, open_to_all
 
 START = 1_790_000_000.0  # 2026-09-21T14:13:20Z, a whole second
 LABELS = {"rebellions.ai/npu.present": "true", "rebellions.ai/npu.count": "4"}

@@ -18,6 +18,7 @@ from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.metrics_server import MetricsServer
 from kubelet_watchdog.serving_loop import listening_socket, shared_loop
 from tests.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowConnection
+from tests.support.waiting import wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -48,10 +49,7 @@ def check(port: int, service: str = "liveness"):
 
 
 def await_accepted(server: HealthServer, count: int) -> None:
-    deadline = time.monotonic() + 5
-    while len(server.table) < count:
-        assert time.monotonic() < deadline, f"{count} connections accepted"
-        time.sleep(0.01)
+    wait_until(lambda: len(server.table) >= count, 5, f"{count} connections accepted", poll=0.01)
 
 
 def test_check_answers_the_state_it_was_given_and_watch_is_unimplemented(serve):

@@ -13,7 +13,7 @@ from scanner.publisher import InventoryPublisher
 from shared import ipc
 from shared.resources import Resource
 from shared.subscriber import InventorySubscriber, SyncState
-from tests.unit.test_ipc import message, record
+from tests.support.inventory import message, record
 
 
 @pytest.fixture

@@ -3,25 +3,8 @@ import pytest
 
 from shared import ipc
 from shared.device_status import StatusReading
-from shared.inventory import DeviceRecord, is_valid_device_id
-from shared.resources import Resource
-
-
-def record(device_id="rbln0", **overrides):
-    fields = dict(device_id=device_id, npu=0, bus_id="0000:03:00.0", product="RBLN-CA25", sid="abc",
-                  numa_node=0, parent_pf=None, pci_path=("pci0000:00", "0000:03:00.0"),
-                  status=StatusReading(0), observed_at_ns=123)
-    fields.update(overrides)
-    return DeviceRecord(**fields)
-
-
-RECORD = record()
-
-
-def message(devices=(RECORD,), **overrides):
-    fields = dict(resource=Resource.NPU, epoch="e1", seq=1, scanned_at_ns=5, devices=tuple(devices))
-    fields.update(overrides)
-    return ipc.InventoryMessage(**fields)
+from shared.inventory import is_valid_device_id
+from tests.support.inventory import message, record
 
 
 def test_round_trip_keeps_every_field():

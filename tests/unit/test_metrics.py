@@ -14,9 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import values
-from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
 from resource_worker.servicer import DevicePluginServicer
@@ -26,27 +23,11 @@ from shared.deviceplugin.v1beta1 import api_pb2
 from shared.metrics import EVENT_FAMILIES, MULTIPROC_ENV, Recorder, Result, recorder_for, reset_metrics_dir
 from shared.resources import Resource
 from shared.tracing import AllocationTracer
-from tests.unit.test_allocation import make_allocator
+from tests.support.allocators import make_allocator
+from tests.support.metrics_scrape import scrape, value
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NPU, VF4 = Resource.NPU.value, Resource.NPU_VF4.value
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(*collectors) -> Samples:
-    """What a scrape of `collectors` shows, parsed back from the text format."""
-    registry = CollectorRegistry(auto_describe=False)
-    for collector in collectors:
-        registry.register(collector)
-    text = generate_latest(registry).decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
-
-
 class Node:
     """One metrics directory and the processes writing into it, each with a pid of its own."""
 

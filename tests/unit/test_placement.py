@@ -5,7 +5,6 @@ import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from resource_worker.placement import (
     Candidate,
@@ -19,6 +18,7 @@ from resource_worker.placement.pool import tables_for
 from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
 from shared.pci_path import PciPaths
+from tests.support.placement_instances import placement_instances
 
 # The PCI tree of the upstream README's example.
 ROOT_A, ROOT_B = "pci0000:00", "pci0000:80"
@@ -292,29 +292,8 @@ def _oracle(node, available, mandatory, size):
     return mandatory + sorted(set(best[-1]) - set(mandatory))
 
 
-@st.composite
-def _instances(draw):
-    roots = [f"pci0000:{i:02x}" for i in range(draw(st.integers(1, 3)))]
-    nodes = [(root,) for root in roots]
-    for i in range(draw(st.integers(0, 7))):
-        nodes.append(draw(st.sampled_from(nodes)) + (f"0000:{i + 1:02x}:00.0",))
-    count = draw(st.integers(1, 10))
-    node = {}
-    for i in range(count):
-        kind = draw(st.sampled_from(["leaf", "leaf", "leaf", "endpoint", "missing"]))
-        base = draw(st.sampled_from(nodes))
-        path = {"leaf": base + (f"0000:f{i:01x}:00.0",), "endpoint": base, "missing": None}[kind]
-        device = f"d{draw(st.integers(0, 99)):02d}"
-        if device not in node:
-            node[device] = Candidate(device, draw(st.sampled_from([0, 0, 1, 2, None])),
-                                     draw(st.sampled_from(["sid:A", "sid:B", "pf:C", None, None])), path)
-    available = draw(st.lists(st.sampled_from(sorted(node)), min_size=1, max_size=12))
-    mandatory = draw(st.lists(st.sampled_from(sorted(set(available))), max_size=3))
-    return node, available, mandatory
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_instances())
+@given(placement_instances())
 def test_matches_exhaustive_oracle(instance):
     node, available, mandatory = instance
     for size in range(len(set(mandatory)), len(set(available)) + 1):

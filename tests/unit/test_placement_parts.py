@@ -21,7 +21,7 @@ from resource_worker.placement.pool import NO_CARD, PoolTables
 from resource_worker.placement.shares import least_shares
 from resource_worker.placement.state import RequestClasses, WorkMeter
 from resource_worker.placement.tree_dp import Encoding, Knapsack
-from tests.unit.test_placement import _instances
+from tests.support.placement_instances import placement_instances
 
 ENOUGH_WORK = 10 ** 9
 _SLOW = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -63,7 +63,7 @@ def _pool(instance):
 
 
 @_SLOW
-@given(_instances())
+@given(placement_instances())
 def test_numa_options_hold_exactly_the_numa_optimal_selections(instance):
     pool, tables, mandatory = _pool(instance)
     classes = RequestClasses(tables, set(mandatory))
@@ -117,7 +117,7 @@ def _distances(tables, counts):
 
 
 @_SLOW
-@given(_instances())
+@given(placement_instances())
 def test_least_diameter_and_widest_balls_match_every_selection(instance):
     for _, tables, _, tree, bundle_of, limits in _root_problems(instance):
         local = Limits(tuple(low if c in tree.index else 0 for c, low in enumerate(limits.fewest)),
@@ -136,7 +136,7 @@ def test_least_diameter_and_widest_balls_match_every_selection(instance):
 
 
 @_SLOW
-@given(_instances())
+@given(placement_instances())
 def test_the_tree_knapsack_finds_the_least_cards_distance_sum_and_ids(instance):
     for pool, tables, classes, tree, bundle_of, limits in _root_problems(instance):
         encoding = Encoding.for_pool(sum(tables.size), max(tables.depth))

@@ -22,8 +22,8 @@ from resource_worker.servicer import DevicePluginServicer
 from shared.deviceplugin.v1beta1 import api_pb2
 from shared.metrics import Recorder
 from shared.resources import Resource
-from tests.unit.test_ipc import message, record
-from tests.unit.test_placement import _instances
+from tests.support.inventory import message, record
+from tests.support.placement_instances import placement_instances
 
 SEEDS = range(12)
 
@@ -135,7 +135,7 @@ def test_a_cut_search_still_answers_at_least_as_well_as_its_first_answer(budget)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_instances())
+@given(placement_instances())
 def test_a_small_instance_is_never_cut(instance):
     node, available, mandatory = instance
     for size in range(max(1, len(set(mandatory))), len(set(available)) + 1):

@@ -1,45 +1,19 @@
 """RSD group changes: serialised by the flock, bounded in time, and never overlapping one that outlived its caller."""
 
-import fcntl
 import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice, SmiListing, run_bounded
 from shared.rsd_group import RsdGroupError, RsdGroups, held_flock, next_group_id
 from simulator.node import SimulatedNode, build_node
-from simulator.smi_state import CHANGE_LOCK
 from simulator.spec import NodeSpec
-from tests.unit.test_ipc import record
-
-
-def lock_is_free(lock_file: pathlib.Path) -> bool:
-    """Whether nobody holds the flock: a fresh open file description conflicts with any holder's."""
-    with open(lock_file, "rb") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-    return True
-
-
-def change_in_progress(node: SimulatedNode) -> bool:
-    """Whether the stand-in is making a group change now (it holds its change lock meanwhile; a
-    change is only written to its call log once it has ended)."""
-    change_lock = node.state_dir / CHANGE_LOCK
-    return change_lock.exists() and not lock_is_free(change_lock)
-
-
-def await_condition(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.02)
-
+from tests.support.inventory import record
+from tests.support.node_state import change_in_progress, lock_is_free
+from tests.support.waiting import wait_until
 
 # The lock
 
@@ -148,11 +122,11 @@ def test_a_caller_killed_mid_change_never_lets_another_change_overlap_it(node):
         "import pathlib, sys\n"
         "from shared.rsd_group import RsdGroups\n"
         "from shared.rbln_smi import RblnSmi\n"
-        "from tests.unit.test_ipc import record\n"
+        "from tests.support.inventory import record\n"
         f"device = record('rbln0', npu=0, bus_id={node.device('rbln0').bus_id!r})\n"
         f"RsdGroups(RblnSmi(pathlib.Path({str(node.rbln_smi)!r})), pathlib.Path({str(node.lock_file)!r}))"
         ".recreate([device])\n")], cwd=pathlib.Path(__file__).resolve().parents[2])
-    await_condition(lambda: change_in_progress(node), 10, "group -c to start")
+    wait_until(lambda: change_in_progress(node), 10, "group -c to start", poll=0.02)
     caller.send_signal(signal.SIGKILL)
     caller.wait()
     node.set_smi_fault(None)

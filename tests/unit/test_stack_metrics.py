@@ -18,9 +18,10 @@ from kubelet_watchdog.probes import current_status
 from kubelet_watchdog.stack_metrics import StackView, state_samples, status_label
 from shared.metrics import STATE_FAMILIES
 from shared.resources import Resource
-from tests.integration.test_supervision import free_port
-from tests.unit.test_metrics import scrape, value
-from tests.unit.test_watchdog import running, scanner_status, worker_status
+from tests.support.metrics_scrape import scrape, value
+from tests.support.ports import free_port
+from tests.support.status_samples import running, scanner_status, worker_status
+from tests.support.waiting import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
 
@@ -236,10 +237,7 @@ def test_a_full_port_closes_its_least_recently_active_connection_for_a_new_one(m
     try:
         with socket.create_connection(("127.0.0.1", server.port)) as oldest, \
                 socket.create_connection(("127.0.0.1", server.port)) as newer:
-            deadline = time.monotonic() + 5
-            while len(server.table) < 2:
-                assert time.monotonic() < deadline, "both idle connections accepted"
-                time.sleep(0.01)
+            wait_until(lambda: len(server.table) >= 2, 5, "both idle connections accepted", poll=0.01)
             with get(f"http://127.0.0.1:{server.port}/metrics") as answer:
                 assert answer.status == 200
             oldest.settimeout(5)

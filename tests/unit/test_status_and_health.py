@@ -10,7 +10,7 @@ import pytest
 from shared import ipc
 from shared.device_health import Health, HealthHistory, judge
 from shared.device_status import MAX_STATUS_BYTES, UNREADABLE, StatusReading, parse_status, read_status, status_path
-from tests.unit.test_ipc import message, record
+from tests.support.inventory import message, record
 
 HEALTHY, UNHEALTHY = Health.HEALTHY, Health.UNHEALTHY
 READY, BUSY, FAULT = StatusReading(0), StatusReading(1), StatusReading(4)

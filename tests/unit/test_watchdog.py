@@ -21,27 +21,7 @@ from shared.pod_resources import Holder
 from shared.programs import PROGRAMS, WORKERS
 from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
 from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
-
-
-def running(**overrides):
-    programs = {name: {"statename": "RUNNING", "pid": 100 + i, "start": 1000, "now": 1001,
-                       "description": f"pid {100 + i}, uptime 0:00:01"}
-                for i, name in enumerate(PROGRAMS)}
-    for name, state in overrides.items():
-        programs[name.replace("_", "-")]["statename"] = state
-    return programs
-
-
-def scanner_status(programs, monotonic=50.0, **resources):
-    return {"pid": programs["scanner"]["pid"], "monotonic": monotonic,
-            "resources": {"rebellions.ai/npu": 0, "rebellions.ai/npu-vf1": 0, "rebellions.ai/npu-vf4": 0,
-                          **{f"rebellions.ai/{k.replace('_', '-')}": v for k, v in resources.items()}}}
-
-
-def worker_status(programs, name, **fields):
-    return {"pid": programs[name]["pid"], "registered": True, "streams": 1, "deviceCount": 4,
-            "healthyCount": 3, "unhealthyCount": 1, "scannedAt": 49.0, **fields}
-
+from tests.support.status_samples import running, scanner_status, worker_status
 
 # Probes
 

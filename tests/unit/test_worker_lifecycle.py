@@ -24,7 +24,7 @@ from resource_worker.lifecycle import (
 )
 from shared import process_status
 from shared.resources import Resource
-from tests.unit.test_ipc import message, record
+from tests.support.inventory import message, record
 
 RESOURCE = Resource.NPU
 KUBELET_SOCKET = pathlib.Path("/kubelet/kubelet.sock")

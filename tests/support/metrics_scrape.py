@@ -1,5 +1,5 @@
-"""Reading the running stack's /metrics, for the tests that drive it (the integration tests and the check
-with a real Prometheus server)."""
+"""Reading metrics as a scraper sees them: the running stack's /metrics, for the tests that drive it (the
+integration tests and the check with a real Prometheus server), and collectors scraped in process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from shared.metrics import PATH
 from simulator.stack import StackProcess
@@ -29,6 +31,14 @@ def scrape_text(port: int) -> str:
 def parse(text: str) -> Samples:
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def scrape(*collectors) -> Samples:
+    """What a scrape of `collectors` shows, parsed back from the text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    return parse(generate_latest(registry).decode())
 
 
 def families(text: str) -> set[str]:
