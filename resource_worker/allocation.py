@@ -22,11 +22,9 @@ from shared.device_nodes import (
     rsd_host_path,
 )
 from shared.device_status import StatusReading
+from shared.hostile_ids import listed, quoted
 from shared.inventory import DeviceRecord
 from shared.rsd_group import GroupChange, RsdGroupError, RsdGroups
-
-_MAX_NAMED_IN_ERROR = 80
-_MAX_LISTED_IN_ERROR = 5
 
 
 class ErrorKind(enum.Enum):
@@ -68,19 +66,6 @@ class ContainerAllocation:
         return rsd_host_path(self.group.group_id)
 
 
-def _shown(device_id: str) -> str:
-    """A device ID as an error message quotes it: hostile IDs can be megabytes long, and escaped
-    characters make a quoted ID longer still, so the quoted form is what is cut."""
-    quoted = repr(device_id)
-    return quoted if len(quoted) <= _MAX_NAMED_IN_ERROR else quoted[:_MAX_NAMED_IN_ERROR] + "…"
-
-
-def _names(items: Sequence[str]) -> str:
-    """The first few of `items`, joined: a message names what failed and stays short whatever the request."""
-    shown = ", ".join(items[:_MAX_LISTED_IN_ERROR])
-    return shown + (f" and {len(items) - _MAX_LISTED_IN_ERROR} more" if len(items) > _MAX_LISTED_IN_ERROR else "")
-
-
 def _dedupe(ids: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
@@ -95,7 +80,7 @@ def _refuse_partial_overlaps(containers: Sequence[Sequence[str]]) -> None:
             earlier, earlier_devices = first_set.setdefault(device_id, (index, devices))
             if earlier_devices != devices:
                 raise AllocationError(ErrorKind.INVALID_REQUEST,
-                                      f"device {_shown(device_id)} is requested by containers {earlier} and {index} "
+                                      f"device {quoted(device_id)} is requested by containers {earlier} and {index} "
                                       f"with different devices; an RSD group holds each device once", [device_id])
 
 
@@ -125,13 +110,13 @@ class Allocator:
         known = self._table.lookup(distinct)
         unknown = [device_id for device_id, device in known.items() if device is None]
         if unknown:
-            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {_names([_shown(d) for d in unknown])}: "
+            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {listed(unknown, quote=True)}: "
                                   f"not a device of {resource}", unknown)
         # One read per distinct device, shared by every container of the request.
         health = self._table.check_status(distinct, self._read_status)
         unhealthy = [device_id for device_id in distinct if health[device_id].health is Health.UNHEALTHY]
         if unhealthy:
-            detail = _names([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
+            detail = listed([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
             raise AllocationError(ErrorKind.UNHEALTHY_DEVICE, f"cannot allocate unhealthy devices: {detail}",
                                   unhealthy)
         found = {device_id: device for device_id, device in known.items() if device is not None}
@@ -148,7 +133,7 @@ class Allocator:
         try:
             group = self._rsd_groups.recreate(records)
         except RsdGroupError as exc:
-            raise AllocationError(ErrorKind.RSD_GROUP_FAILED, f"RSD group for {_names(ids)} failed: {exc}",
+            raise AllocationError(ErrorKind.RSD_GROUP_FAILED, f"RSD group for {listed(ids)} failed: {exc}",
                                   ids) from None
         rsd = DeviceNode(CONTAINER_RSD_PATH, rsd_host_path(group.group_id))
         self._await_nodes((rsd,), ids)
@@ -160,5 +145,5 @@ class Allocator:
         missing = first_missing(self._dev_root, nodes, self._node_timeout)
         if missing is not None:
             raise AllocationError(ErrorKind.DEVICE_NODE_MISSING,
-                                  f"device node {missing.host_path} for {_names(ids)} did not appear "
+                                  f"device node {missing.host_path} for {listed(ids)} did not appear "
                                   f"under {self._dev_root} within {self._node_timeout:g}s", ids)

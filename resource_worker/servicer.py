@@ -25,6 +25,7 @@ from resource_worker.placement import (
 )
 from resource_worker.streams import StreamTracker
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.hostile_ids import logged
 from shared.inventory import DeviceRecord
 from shared.metrics import Recorder, Result
 from shared.tracing import AllocateTrace, AllocationTracer
@@ -40,7 +41,6 @@ _STATUS_CODES = {
 # Every way a stream ends (the kubelet cancels, the server stops) wakes it at once; this is only a
 # safety net, long enough not to cost an idle worker anything.
 _STREAM_WAKE_SECONDS = 30.0
-_LOGGED_IDS = 64
 
 
 def device_list(devices: Sequence[Advertised]) -> api_pb2.ListAndWatchResponse:
@@ -66,7 +66,7 @@ def _ms(since: float) -> float:
 
 def _short(value: object) -> object:
     """A score component as a log record carries it: the IDs component bounded like any ID list."""
-    return _logged(list(value)) if isinstance(value, tuple) else value
+    return logged(list(value)) if isinstance(value, tuple) else value
 
 
 class _PlacementView:
@@ -79,11 +79,6 @@ class _PlacementView:
     def made_from(self, records: list[DeviceRecord]) -> bool:
         # The very same record objects: holding them keeps their identities from being reused.
         return len(records) == len(self.records) and all(a is b for a, b in zip(records, self.records, strict=True))
-
-
-def _logged(ids: Sequence[str]) -> list[str]:
-    """IDs as a log record carries them: bounded in count and length."""
-    return [i[:64] for i in ids[:_LOGGED_IDS]]
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
@@ -126,7 +121,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     if not context.is_active():
                         break
                     logger.debug("Sending device list to kubelet", resourceName=self._resource,
-                                 deviceIDs=_logged([d.device_id for d in devices]))
+                                 deviceIDs=logged([d.device_id for d in devices]))
                     yield device_list(devices)
                     sent = generation
                 self._table.wait_for_change(sent, _STREAM_WAKE_SECONDS)
@@ -169,7 +164,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return response
 
     def _log_placement(self, placement: Placement, size: int) -> None:
-        logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=_logged(placement.devices),
+        logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=logged(placement.devices),
                      size=size, provenOptimal=placement.proven_optimal, searchWork=placement.work)
         shortfall = placement.shortfall()
         if shortfall is not None:
@@ -180,22 +175,22 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def _fallback(self, container, reason: str) -> None:
         logger.warning("Preferred allocation fallback to kubelet", resourceName=self._resource, err=reason[:512],
-                       available=_logged(list(container.available_deviceIDs)),
-                       mustInclude=_logged(list(container.must_include_deviceIDs)),
+                       available=logged(list(container.available_deviceIDs)),
+                       mustInclude=logged(list(container.must_include_deviceIDs)),
                        size=container.allocation_size)
 
     def Allocate(self, request, context):
         started = time.monotonic()
         self._flush_metrics_when_answered(context)
         requested = [list(c.devices_ids) for c in request.container_requests]
-        all_ids = _logged([i for ids in requested for i in ids])
+        all_ids = logged([i for ids in requested for i in ids])
         ready_after: list[float] = []  # for each container done so far, seconds since the call started
         try:
             with self._tracer.allocate(self._resource) as trace:
                 try:
                     containers = self._allocator.validate(requested)
                 except AllocationError as exc:
-                    trace.refused([_logged(ids) for ids in requested], exc)
+                    trace.refused([logged(ids) for ids in requested], exc)
                     raise
                 # Containers naming the same devices share their group: a second change would destroy it.
                 made: dict[frozenset[str], ContainerAllocation] = {}
@@ -208,7 +203,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         except AllocationError as exc:
             self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
             logger.error("Container allocation failed", resourceName=self._resource,
-                         deviceIDs=exc.device_ids[:_LOGGED_IDS] or all_ids, err=str(exc), durationMs=_ms(started))
+                         deviceIDs=logged(exc.device_ids) or all_ids, err=str(exc), durationMs=_ms(started))
             context.abort(_STATUS_CODES[exc.kind], str(exc))
         except Exception as exc:
             self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
