@@ -18,7 +18,7 @@ from dra_worker.publisher import SlicePublisher
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
-from shared import process_status
+from shared import process_status, status_records
 from shared.config import DRA_DRIVER
 from shared.device_status import read_status
 from shared.metrics import recorder_for
@@ -28,6 +28,7 @@ from shared.programs import WORKER_DRA
 from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
 from shared.rsd_group import RsdGroups
+from shared.status_records import DraStatus
 from shared.subscriber import InventorySubscriber
 from shared.tracing import setup_tracing
 from shared.version import VERSION
@@ -85,10 +86,9 @@ def main() -> None:
     def report() -> None:
         """The status file the probes, metrics and `status` read; after every call and every scan interval."""
         metrics.flush()
-        process_status.write_status(settings.run_dir, WORKER_DRA, {
-            "registered": registration.registered.is_set(), "preparedClaims": preparer.prepared_count(),
-            "sliceGeneration": publisher.generation,
-            "devices": len(inventory.current().devices)})
+        status_records.write(settings.run_dir, WORKER_DRA, DraStatus(
+            registered=registration.registered.is_set(), prepared_claims=preparer.prepared_count(),
+            slice_generation=publisher.generation, devices=len(inventory.current().devices)))
 
     registration.on_change = report
     plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)

@@ -33,6 +33,7 @@ from shared.config import DRA_DRIVER
 from shared.device_health import Health
 from shared.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
 from shared.device_status import StatusReading
+from shared.hostile_ids import quoted
 from shared.rsd_group import RsdGroupError, RsdGroups, held_flock
 
 Json = dict[str, Any]
@@ -41,7 +42,6 @@ Json = dict[str, Any]
 CLAIM_READ_TIMEOUT = 10.0
 SERIALIZE_LOCK = "serialize.lock"
 SERIALIZE_TIMEOUT = 15.0
-_MAX_SHOWN = 80
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,19 +66,14 @@ class PrepareError(Exception):
     """A claim that cannot be prepared; the message is the claim's error as the kubelet shows it."""
 
 
-def _shown(text: str) -> str:
-    quoted = repr(text)
-    return quoted if len(quoted) <= _MAX_SHOWN else quoted[:_MAX_SHOWN] + "…"
-
-
 def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, tuple[str, ...]]:
     """This driver's devices of the claim's allocation, each with the requests it serves (subrequests cut, as
     the kubelet gives containers requests by their own names); PrepareError if the claim is not this one or
     not allocated here."""
     metadata = claim.get("metadata") or {}
     if metadata.get("uid") != ref.uid:
-        raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {_shown(str(metadata.get('uid')))}, "
-                           f"not {_shown(ref.uid)}: it was replaced")
+        raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {quoted(str(metadata.get('uid')))}, "
+                           f"not {quoted(ref.uid)}: it was replaced")
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
@@ -87,8 +82,8 @@ def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, tuple[
         if result.get("driver") != DRA_DRIVER:
             continue
         if result.get("pool") != pool:
-            raise PrepareError(f"device {_shown(str(result.get('device')))} is allocated from pool "
-                               f"{_shown(str(result.get('pool')))}, not this node's ({pool})")
+            raise PrepareError(f"device {quoted(str(result.get('device')))} is allocated from pool "
+                               f"{quoted(str(result.get('pool')))}, not this node's ({pool})")
         request = str(result.get("request") or "").split("/", 1)[0]
         requests = devices.setdefault(str(result.get("device")), [])
         if request and request not in requests:
@@ -194,7 +189,7 @@ class Preparer:
         for name in devices:
             device = inventory.devices.get(name)
             if device is None:
-                raise PrepareError(f"device {_shown(name)} is not a device of this node")
+                raise PrepareError(f"device {quoted(name)} is not a device of this node")
             if name in holders:
                 raise PrepareError(f"device {name} is already prepared for claim {holders[name]}")
             reading = self._read_status(name)

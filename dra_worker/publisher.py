@@ -20,6 +20,7 @@ from loguru import logger
 from dra_worker import slices
 from dra_worker.inventory import NodeInventory
 from dra_worker.kube import ApiFailure, Backoff
+from shared.hostile_ids import logged
 
 Json = dict[str, Any]
 # One API call's bound: a publish cycle never stalls for long on a server that does not answer.
@@ -136,5 +137,5 @@ class SlicePublisher:
                 self._api.create_slice(slices.new_slice(self._node_name, self._node_uid, spec), CALL_TIMEOUT)
         self.generation = generation
         logger.info("Published ResourceSlices", pool=self._node_name, generation=generation,
-                    slices=len(wanted), devices=len(devices), deviceIDs=[d["name"] for d in devices][:64])
+                    slices=len(wanted), devices=len(devices), deviceIDs=logged([d["name"] for d in devices]))
         return True

@@ -9,17 +9,20 @@ from typing import Any
 
 from shared.programs import PROGRAMS, SCANNER, WORKER_DRA
 from shared.resources import Resource
+from shared.status_records import Document, DraStatus, ScannerStatus, StatusRecord, WorkerStatus, decode, decode_scanner
 
 # The scanner publishes every interval; three missed publications mean it is stuck.
 STALE_SCANS = 3
 
 
-def current_status(status: Mapping[str, Any] | None, programs: Mapping[str, Mapping[str, Any]],
-                   name: str) -> Mapping[str, Any] | None:
-    """`status` if the running instance of program `name` wrote it; a dead instance's file says nothing."""
-    if status is None or not status.get("pid") or status.get("pid") != programs.get(name, {}).get("pid"):
+def current_status(document: Document | None, programs: Mapping[str, Mapping[str, Any]],
+                   name: str) -> StatusRecord | None:
+    """The record of program `name` in `document` (its status file as read) if the running instance wrote it;
+    a dead instance's file says nothing."""
+    record = decode(name, document)
+    if record is None or record.stamp is None or record.stamp.pid != programs.get(name, {}).get("pid"):
         return None
-    return status
+    return record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +31,7 @@ class Verdict:
     reason: str
 
 
-def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
+def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Document | None,
              now_monotonic: float, scan_interval: float, expected: tuple[str, ...] = PROGRAMS,
              status_writable: bool = True) -> Verdict:
     """`expected`: the programs of the stack's mode (shared.programs.programs_for). `status_writable` False: the
@@ -42,37 +45,39 @@ def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, An
         return Verdict(True, "every program running; run dir read-only, scanner publications not judged")
     limit = STALE_SCANS * scan_interval
     info = programs[SCANNER]
-    scanner = current_status(scanner, programs, SCANNER)
-    if scanner is None:
+    current = current_status(scanner, programs, SCANNER)
+    if not isinstance(current, ScannerStatus) or current.stamp is None:
         uptime = info.get("now", 0) - info.get("start", 0)
         if uptime > limit:
             return Verdict(False, f"scanner has published nothing in {uptime:.0f}s")
         return Verdict(True, "scanner starting")
-    age = now_monotonic - float(scanner.get("monotonic", 0))
+    age = now_monotonic - (current.stamp.monotonic or 0.0)
     if age > limit:
         return Verdict(False, f"scanner's last publication is {age:.1f}s old")
     return Verdict(True, "every program running, scanner publishing")
 
 
-def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Mapping[str, Any] | None,
-              workers: Mapping[str, Mapping[str, Any] | None]) -> Verdict:
-    if scanner is None:
+def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Document | None,
+              workers: Mapping[str, Document | None]) -> Verdict:
+    """`scanner` and `workers`: the status files as read (a scanner's from a dead instance still says which
+    resources have devices)."""
+    scan = decode_scanner(scanner)
+    if scan is None:
         return Verdict(False, "no scan yet")
     if WORKER_DRA in workers:
         dra = current_status(workers[WORKER_DRA], programs, WORKER_DRA)
-        if dra is None or not dra.get("registered"):
+        if not isinstance(dra, DraStatus) or not dra.registered:
             return Verdict(False, f"{WORKER_DRA} is not registered with the kubelet")
         return Verdict(True, f"{WORKER_DRA} registered")
-    counts = scanner.get("resources", {})
     for resource in Resource:
-        if not counts.get(resource.value):
+        if not scan.resources.get(resource.value):
             continue
         name = resource.process_name
         status = current_status(workers.get(name), programs, name)
-        if status is None:
+        if not isinstance(status, WorkerStatus):
             return Verdict(False, f"{name} has not reported")
-        if not status.get("registered"):
+        if not status.registered:
             return Verdict(False, f"{resource.value} is not registered")
-        if status.get("streams", 0) < 1:
+        if (status.streams or 0) < 1:
             return Verdict(False, f"{resource.value} has no ListAndWatch stream")
     return Verdict(True, "every resource with devices registered and streaming")

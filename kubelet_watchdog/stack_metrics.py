@@ -4,7 +4,7 @@ The check reads the status file of every process (the same reads the probes use)
 the running instance of their program. A worker that was killed leaves a file naming its old pid: it is not
 trusted, and its successor's file replaces it, so a resource never has two `registered` series and its
 devices are never counted twice. Status files are the stack's own, but a broken one must not break a
-scrape: values of the wrong type are left out.
+scrape: values of the wrong type are left out (shared.status_records reads them as absent).
 """
 
 from __future__ import annotations
@@ -29,21 +29,19 @@ from shared.metrics import (
 )
 from shared.programs import WORKER_DRA
 from shared.resources import Resource
+from shared.status_records import DraStatus, ScannerStatus, StatusRecord, WorkerStatus
 
 # The status label's values: the driver's statuses, UNKNOWN for any other number, UNREADABLE without one.
 UNKNOWN_STATUS = "UNKNOWN"
 UNREADABLE_STATUS = "UNREADABLE"
 STATUS_LABELS = frozenset({status.name for status in KernelStatus} | {UNKNOWN_STATUS, UNREADABLE_STATUS})
 
-Status = Mapping[str, Any]
-
-
 @dataclasses.dataclass(frozen=True)
 class StackView:
-    """The trusted status files of the last check: None for a process whose file is missing or stale."""
+    """The trusted status records of the last check: None for a process whose file is missing or stale."""
 
-    scanner: Status | None
-    workers: Mapping[str, Status | None]
+    scanner: StatusRecord | None
+    workers: Mapping[str, StatusRecord | None]
     ready: bool
 
 
@@ -57,44 +55,37 @@ def status_label(name: Any) -> str:
     return UNKNOWN_STATUS if isinstance(name, str) and name.startswith(UNKNOWN_STATUS) else UNREADABLE_STATUS
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _count(value: int | None) -> float | None:
+    return None if value is None else float(value)
 
 
-def _worker_samples(resource: Resource, worker: Status | None) -> list[Sample]:
+def _worker_samples(resource: Resource, worker: StatusRecord | None) -> list[Sample]:
     name = resource.value
-    samples: list[Sample] = [(REGISTERED, {"resource": name}, 1.0 if worker and worker.get("registered") is True
-                              else 0.0)]
-    if worker is None:
-        return [*samples, (STREAMS, {"resource": name}, 0.0)]
-    samples.append((STREAMS, {"resource": name}, _number(worker.get("streams")) or 0.0))
-    for health, key in ((Health.HEALTHY, "healthyCount"), (Health.UNHEALTHY, "unhealthyCount")):
-        count = _number(worker.get(key))
+    if not isinstance(worker, WorkerStatus):
+        return [(REGISTERED, {"resource": name}, 0.0), (STREAMS, {"resource": name}, 0.0)]
+    samples: list[Sample] = [(REGISTERED, {"resource": name}, 1.0 if worker.registered else 0.0),
+                             (STREAMS, {"resource": name}, _count(worker.streams) or 0.0)]
+    for health, count in ((Health.HEALTHY, worker.healthy_count), (Health.UNHEALTHY, worker.unhealthy_count)):
         if count is not None:
-            samples.append((DEVICES, {"resource": name, "health": health.value}, count))
-    devices = worker.get("devices")
-    if isinstance(devices, Mapping):
-        for device, state in sorted(devices.items()):
-            status = state.get("status") if isinstance(state, Mapping) else None
-            samples.append((DEVICE_STATUS, {"resource": name, "device": str(device), "status": status_label(status)},
-                            1.0))
+            samples.append((DEVICES, {"resource": name, "health": health.value}, float(count)))
+    for device, state in sorted((worker.devices or {}).items()):
+        samples.append((DEVICE_STATUS, {"resource": name, "device": device, "status": status_label(state.status)},
+                        1.0))
     return samples
 
 
 def state_samples(view: StackView) -> list[Sample]:
     samples = [sample for resource in Resource
                for sample in _worker_samples(resource, view.workers.get(resource.process_name))]
-    if view.scanner is not None:
-        samples.append((DISCOVERY_FAILING, {}, 1.0 if view.scanner.get("discoveryError") else 0.0))
-        published = _number(view.scanner.get("time"))
-        if published is not None:
-            samples.append((LAST_SCAN, {}, published))
-        cdi = view.scanner.get("cdi")
-        if isinstance(cdi, Mapping) and isinstance(cdi.get("resolvable"), bool):
-            samples.append((CDI_SPEC_RESOLVABLE, {}, 1.0 if cdi["resolvable"] else 0.0))
+    scanner = view.scanner
+    if isinstance(scanner, ScannerStatus):
+        samples.append((DISCOVERY_FAILING, {}, 1.0 if scanner.discovery_error else 0.0))
+        if scanner.stamp is not None and scanner.stamp.time is not None:
+            samples.append((LAST_SCAN, {}, scanner.stamp.time))
+        if scanner.cdi is not None and scanner.cdi.resolvable is not None:
+            samples.append((CDI_SPEC_RESOLVABLE, {}, 1.0 if scanner.cdi.resolvable else 0.0))
     dra = view.workers.get(WORKER_DRA)
-    prepared = _number(dra.get("preparedClaims")) if dra is not None else None
-    if prepared is not None:
-        samples.append((DRA_PREPARED_CLAIMS, {}, prepared))
+    if isinstance(dra, DraStatus) and dra.prepared_claims is not None:
+        samples.append((DRA_PREPARED_CLAIMS, {}, float(dra.prepared_claims)))
     samples.append((READY, {}, 1.0 if view.ready else 0.0))
     return samples

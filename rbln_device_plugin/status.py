@@ -25,6 +25,7 @@ from shared.config import OPTIONS, Option
 from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
 from shared.programs import DRA_PROGRAMS, PROGRAMS, SCANNER, WORKER_DRA, WORKERS
 from shared.resources import Resource
+from shared.status_records import Document, DraStatus, ScannerStatus, WorkerStatus
 from shared.supervisord.client import SupervisorError, connect
 
 _RUN_DIR = next(option for option in OPTIONS if option.field == "run_dir")
@@ -45,25 +46,28 @@ def _setting(args: argparse.Namespace, option: Option) -> pathlib.Path:
     return pathlib.Path(getattr(args, option.field, None) or os.environ.get(option.env) or option.default)
 
 
-def _age(now: float, then: Any) -> float | None:
-    return round(now - float(then), 3) if isinstance(then, (int, float)) else None
+def _age(now: float, then: float | None) -> float | None:
+    return None if then is None else round(now - then, 3)
 
 
-def _devices(resource: Resource, worker: Mapping[str, Any] | None,
+def _devices(resource: Resource, worker: WorkerStatus | None,
              holders: Mapping[DeviceKey, list[Holder]] | None) -> list[dict[str, Any]]:
     """The devices the resource's worker advertises; `heldBy` is None when the kubelet could not be asked."""
-    devices = worker.get("devices") if worker else None
-    if not isinstance(devices, Mapping):
+    if worker is None or worker.devices is None:
         return []
-    return [{"device": str(device), "resource": resource.value,
-             "health": state.get("health") if isinstance(state, Mapping) else None,
-             "status": state.get("status") if isinstance(state, Mapping) else None,
-             "heldBy": None if holders is None else [str(h) for h in holders.get((resource.value, str(device)), [])]}
-            for device, state in sorted(devices.items())]
+    return [{"device": device, "resource": resource.value, "health": state.health, "status": state.status,
+             "heldBy": None if holders is None else [str(h) for h in holders.get((resource.value, device), [])]}
+            for device, state in sorted(worker.devices.items())]
 
 
-def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapping[str, Any] | None,
-                 workers: Mapping[str, Mapping[str, Any] | None], now_monotonic: float,
+def _worker(workers: Mapping[str, Document | None], programs: Mapping[str, Mapping[str, Any]],
+            name: str) -> WorkerStatus | None:
+    record = current_status(workers.get(name), programs, name)
+    return record if isinstance(record, WorkerStatus) else None
+
+
+def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Document | None,
+                 workers: Mapping[str, Document | None], now_monotonic: float,
                  holders: Mapping[DeviceKey, list[Holder]] | None = None,
                  pod_resources_error: str | None = None) -> dict[str, Any]:
     """The report as plain data. `programs` is None when supervisord could not be asked: then no
@@ -74,41 +78,36 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Mapp
                         "pid": known.get(name, {}).get("pid") or None,
                         "description": known.get(name, {}).get("description", "")}
                  for name in (DRA_PROGRAMS if WORKER_DRA in known else PROGRAMS)}
-    scanner = current_status(scanner, known, SCANNER)
-    scanned = scanner.get("resources", {}) if scanner else {}
+    current = current_status(scanner, known, SCANNER)
+    scan = current if isinstance(current, ScannerStatus) else None
     resources = {}
     devices = []
     for resource in Resource:
-        worker = current_status(workers.get(resource.process_name), known, resource.process_name)
+        worker = _worker(workers, known, resource.process_name)
         devices += _devices(resource, worker, holders)
         resources[resource.value] = {
             "process": resource.process_name,
-            "registered": bool(worker and worker.get("registered")),
-            "streams": worker.get("streams", 0) if worker else 0,
+            "registered": bool(worker and worker.registered),
+            "streams": (worker.streams or 0) if worker else 0,
             # Without its worker, the scanner still tells how many devices the resource has.
-            "deviceCount": worker.get("deviceCount") if worker else scanned.get(resource.value),
-            "healthyCount": worker.get("healthyCount") if worker else None,
-            "unhealthyCount": worker.get("unhealthyCount") if worker else None,
-            "lastScanAgeSeconds": _age(now_monotonic, worker.get("scannedAt")) if worker else None,
+            "deviceCount": worker.device_count if worker else scan.resources.get(resource.value) if scan else None,
+            "healthyCount": worker.healthy_count if worker else None,
+            "unhealthyCount": worker.unhealthy_count if worker else None,
+            "lastScanAgeSeconds": _age(now_monotonic, worker.scanned_at) if worker else None,
         }
+    dra = current_status(workers.get(WORKER_DRA), known, WORKER_DRA)
     return {
         "processes": processes,
         "resources": resources,
         "devices": devices,
         "podResources": {"error": pod_resources_error},
-        "scanner": {"lastScanAgeSeconds": _age(now_monotonic, scanner.get("monotonic")) if scanner else None,
-                    "discoveryError": scanner.get("discoveryError") if scanner else None},
+        "scanner": {"lastScanAgeSeconds": _age(now_monotonic, scan.stamp.monotonic) if scan and scan.stamp else None,
+                    "discoveryError": scan.discovery_error if scan else None},
         # The scanner's latest CDI check (None without a current scanner status).
-        "cdi": scanner.get("cdi") if scanner and isinstance(scanner.get("cdi"), Mapping) else None,
+        "cdi": scan.cdi.to_json() if scan and scan.cdi else None,
         # worker-dra's status in DRA mode (None otherwise, or without a current status of it).
-        "dra": _dra(current_status(workers.get(WORKER_DRA), known, WORKER_DRA)),
+        "dra": dra.to_json() if isinstance(dra, DraStatus) else None,
     }
-
-
-def _dra(status: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if status is None:
-        return None
-    return {key: status.get(key) for key in ("registered", "preparedClaims", "sliceGeneration", "devices")}
 
 
 def _cell(value: Any) -> str:

@@ -2,6 +2,8 @@
 
 Kept apart from gRPC: it takes device ID lists and returns plain results, or
 raises AllocationError carrying the gRPC status the kubelet should see (docs/kubelet.md#allocate).
+What happens along the way goes to an AllocateObserver as plain reports (the servicer logs, traces and
+counts them); nothing outside reads inside the results but their nodes and annotations.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import pathlib
+import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from resource_worker.device_table import Advertised, DeviceTable
 from shared.cdi_annotation import CdiAnnotation, allocate_annotations
@@ -22,11 +27,9 @@ from shared.device_nodes import (
     rsd_host_path,
 )
 from shared.device_status import StatusReading
+from shared.hostile_ids import listed, quoted
 from shared.inventory import DeviceRecord
 from shared.rsd_group import GroupChange, RsdGroupError, RsdGroups
-
-_MAX_NAMED_IN_ERROR = 80
-_MAX_LISTED_IN_ERROR = 5
 
 
 class ErrorKind(enum.Enum):
@@ -68,17 +71,47 @@ class ContainerAllocation:
         return rsd_host_path(self.group.group_id)
 
 
-def _shown(device_id: str) -> str:
-    """A device ID as an error message quotes it: hostile IDs can be megabytes long, and escaped
-    characters make a quoted ID longer still, so the quoted form is what is cut."""
-    quoted = repr(device_id)
-    return quoted if len(quoted) <= _MAX_NAMED_IN_ERROR else quoted[:_MAX_NAMED_IN_ERROR] + "…"
+@dataclasses.dataclass(frozen=True)
+class GroupReport:
+    """A container's RSD group. `made` False: the container shares the group of an identical earlier one, and
+    cost nothing (no groups replaced, no rbln-smi calls)."""
+
+    rsd_host_path: str
+    made: bool
+    replaced_groups: list[int]
+    smi_calls: int
+    smi_ms: float
 
 
-def _names(items: Sequence[str]) -> str:
-    """The first few of `items`, joined: a message names what failed and stays short whatever the request."""
-    shown = ", ".join(items[:_MAX_LISTED_IN_ERROR])
-    return shown + (f" and {len(items) - _MAX_LISTED_IN_ERROR} more" if len(items) > _MAX_LISTED_IN_ERROR else "")
+@dataclasses.dataclass(frozen=True)
+class ContainerReport:
+    """One container answered: its devices, its group and what it cost."""
+
+    device_ids: list[str]
+    bus_ids: list[str]
+    group: GroupReport
+    seconds: float
+    cdi_annotation: bool
+    cdi_resolvable: bool
+
+
+class ContainerObserver(Protocol):
+    def group(self, report: GroupReport) -> None:
+        """The container's group is known (made, or shared with an earlier container)."""
+
+
+class AllocateObserver(Protocol):
+    """What one Allocate call tells the outside: logs, spans and metrics are the observer's."""
+
+    def refused(self, requests: Sequence[Sequence[str]], error: AllocationError) -> None:
+        """The request failed validation, before any container was worked on."""
+
+    def container(self, device_ids: list[str], bus_ids: list[str]) -> AbstractContextManager[ContainerObserver]:
+        """Opened around one container's work; an exception leaving it fails the container."""
+        ...
+
+    def answered(self, report: ContainerReport) -> None:
+        """A container is done (after its `container` block has closed)."""
 
 
 def _dedupe(ids: Sequence[str]) -> list[str]:
@@ -95,7 +128,7 @@ def _refuse_partial_overlaps(containers: Sequence[Sequence[str]]) -> None:
             earlier, earlier_devices = first_set.setdefault(device_id, (index, devices))
             if earlier_devices != devices:
                 raise AllocationError(ErrorKind.INVALID_REQUEST,
-                                      f"device {_shown(device_id)} is requested by containers {earlier} and {index} "
+                                      f"device {quoted(device_id)} is requested by containers {earlier} and {index} "
                                       f"with different devices; an RSD group holds each device once", [device_id])
 
 
@@ -109,6 +142,39 @@ class Allocator:
         self._read_status = read_status
         self._node_timeout = node_timeout
         self._cdi_annotation = cdi_annotation
+
+    def allocate(self, requests: Sequence[Sequence[str]], observer: AllocateObserver) -> list[ContainerAllocation]:
+        """The whole of one Allocate call: every container's allocation, in request order."""
+        try:
+            containers = self.validate(requests)
+        except AllocationError as exc:
+            observer.refused(requests, exc)
+            raise
+        # Containers naming the same devices share their group: a second change would destroy it.
+        made: dict[frozenset[str], ContainerAllocation] = {}
+        # The latest scan's verdict, once per call: every container of it is answered alike.
+        cdi_resolvable = self._table.cdi_resolvable
+        return [self._shared_or_new(devices, made, cdi_resolvable, observer) for devices in containers]
+
+    def _shared_or_new(self, devices: Sequence[Advertised], made: dict[frozenset[str], ContainerAllocation],
+                       cdi_resolvable: bool, observer: AllocateObserver) -> ContainerAllocation:
+        started = time.monotonic()
+        ids = [d.device_id for d in devices]
+        bus_ids = sorted(d.record.bus_id for d in devices)
+        with observer.container(ids, bus_ids) as container:
+            allocation = made.get(frozenset(ids))
+            if allocation is None:
+                allocation = made[frozenset(ids)] = self.allocate_container(devices, cdi_resolvable)
+                change = allocation.group
+                group = GroupReport(allocation.rsd_host_path, True, list(change.replaced), change.smi.calls,
+                                    round(change.smi.seconds * 1000, 3))
+            else:
+                group = GroupReport(allocation.rsd_host_path, False, [], 0, 0.0)
+            container.group(group)
+        observer.answered(ContainerReport(allocation.device_ids, allocation.bus_ids, group,
+                                          time.monotonic() - started, bool(allocation.annotations),
+                                          allocation.cdi_resolvable))
+        return allocation
 
     def validate(self, requests: Sequence[Sequence[str]]) -> list[list[Advertised]]:
         """Resolve every container's IDs to this resource's devices, and run the final health check."""
@@ -125,13 +191,13 @@ class Allocator:
         known = self._table.lookup(distinct)
         unknown = [device_id for device_id, device in known.items() if device is None]
         if unknown:
-            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {_names([_shown(d) for d in unknown])}: "
+            raise AllocationError(ErrorKind.UNKNOWN_DEVICE, f"unknown device {listed(unknown, quote=True)}: "
                                   f"not a device of {resource}", unknown)
         # One read per distinct device, shared by every container of the request.
         health = self._table.check_status(distinct, self._read_status)
         unhealthy = [device_id for device_id in distinct if health[device_id].health is Health.UNHEALTHY]
         if unhealthy:
-            detail = _names([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
+            detail = listed([f"{d} is Unhealthy ({health[d].status.name})" for d in unhealthy])
             raise AllocationError(ErrorKind.UNHEALTHY_DEVICE, f"cannot allocate unhealthy devices: {detail}",
                                   unhealthy)
         found = {device_id: device for device_id, device in known.items() if device is not None}
@@ -148,7 +214,7 @@ class Allocator:
         try:
             group = self._rsd_groups.recreate(records)
         except RsdGroupError as exc:
-            raise AllocationError(ErrorKind.RSD_GROUP_FAILED, f"RSD group for {_names(ids)} failed: {exc}",
+            raise AllocationError(ErrorKind.RSD_GROUP_FAILED, f"RSD group for {listed(ids)} failed: {exc}",
                                   ids) from None
         rsd = DeviceNode(CONTAINER_RSD_PATH, rsd_host_path(group.group_id))
         self._await_nodes((rsd,), ids)
@@ -160,5 +226,5 @@ class Allocator:
         missing = first_missing(self._dev_root, nodes, self._node_timeout)
         if missing is not None:
             raise AllocationError(ErrorKind.DEVICE_NODE_MISSING,
-                                  f"device node {missing.host_path} for {_names(ids)} did not appear "
+                                  f"device node {missing.host_path} for {listed(ids)} did not appear "
                                   f"under {self._dev_root} within {self._node_timeout:g}s", ids)

@@ -23,11 +23,12 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from resource_worker.device_table import DeviceTable, counts
-from shared import process_status
+from resource_worker.device_table import DeviceTable
+from shared import process_status, status_records
 from shared.ipc import InventoryMessage
 from shared.plugin_socket import SocketIdentity, socket_identity
 from shared.resources import Resource
+from shared.status_records import DeviceState, WorkerStatus
 
 # How often a serving worker checks its socket even when nothing signals: it may vanish silently.
 IDLE_CHECK_SECONDS = 1.0
@@ -150,7 +151,7 @@ class Worker:
         self._retry_at = 0.0
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
-        self._reported: dict[str, Any] | None = None
+        self._reported: WorkerStatus | None = None
         # Set by the subscriber thread: when the scan behind the current inventory ran (CLOCK_MONOTONIC, s).
         self._scanned_at: float | None = None
 
@@ -190,16 +191,16 @@ class Worker:
     def _report(self) -> None:
         """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
         devices = self.table.devices()
-        status = {"resource": self._resource.value, "registered": self._phase is Phase.REGISTERED,
-                  "streams": self._server.streams.open_streams if self._server else 0,
-                  "endpoint": self._server.socket_name if self._server else None,
-                  "scannedAt": self._scanned_at, **counts(devices),
-                  # What this worker's Allocate goes by: the verdict of the last snapshot it took.
-                  "cdiResolvable": self.table.cdi_resolvable,
-                  "devices": {d.device_id: {"health": d.health.health.value, "status": d.health.status.name}
-                              for d in devices}}
+        healthy = sum(1 for d in devices if d.healthy)
+        status = WorkerStatus(resource=self._resource.value, registered=self._phase is Phase.REGISTERED,
+                              streams=self._server.streams.open_streams if self._server else 0,
+                              endpoint=self._server.socket_name if self._server else None,
+                              scanned_at=self._scanned_at, device_count=len(devices), healthy_count=healthy,
+                              unhealthy_count=len(devices) - healthy, cdi_resolvable=self.table.cdi_resolvable,
+                              devices={d.device_id: DeviceState(d.health.health.value, d.health.status.name)
+                                       for d in devices})
         if status != self._reported:
-            process_status.write_status(self._run_dir, self._resource.process_name, status)
+            status_records.write(self._run_dir, self._resource.process_name, status)
             self._reported = status
 
     def _step(self) -> float | None:

@@ -6,14 +6,23 @@ Every handler answers whatever it is sent: a bad request gets a gRPC error
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 from loguru import logger
 
-from resource_worker.allocation import AllocationError, Allocator, ContainerAllocation, ErrorKind
+from resource_worker.allocation import (
+    AllocateObserver,
+    AllocationError,
+    Allocator,
+    ContainerAllocation,
+    ContainerReport,
+    ErrorKind,
+    GroupReport,
+)
 from resource_worker.device_table import Advertised, DeviceTable
 from resource_worker.placement import (
     WORK_BUDGET,
@@ -25,9 +34,10 @@ from resource_worker.placement import (
 )
 from resource_worker.streams import StreamTracker
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.hostile_ids import logged
 from shared.inventory import DeviceRecord
 from shared.metrics import Recorder, Result
-from shared.tracing import AllocateTrace, AllocationTracer
+from shared.tracing import AllocateTrace, AllocationTracer, ContainerSpan
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _STATUS_CODES = {
@@ -40,7 +50,6 @@ _STATUS_CODES = {
 # Every way a stream ends (the kubelet cancels, the server stops) wakes it at once; this is only a
 # safety net, long enough not to cost an idle worker anything.
 _STREAM_WAKE_SECONDS = 30.0
-_LOGGED_IDS = 64
 
 
 def device_list(devices: Sequence[Advertised]) -> api_pb2.ListAndWatchResponse:
@@ -66,7 +75,7 @@ def _ms(since: float) -> float:
 
 def _short(value: object) -> object:
     """A score component as a log record carries it: the IDs component bounded like any ID list."""
-    return _logged(list(value)) if isinstance(value, tuple) else value
+    return logged(list(value)) if isinstance(value, tuple) else value
 
 
 class _PlacementView:
@@ -81,9 +90,46 @@ class _PlacementView:
         return len(records) == len(self.records) and all(a is b for a, b in zip(records, self.records, strict=True))
 
 
-def _logged(ids: Sequence[str]) -> list[str]:
-    """IDs as a log record carries them: bounded in count and length."""
-    return [i[:64] for i in ids[:_LOGGED_IDS]]
+class _ContainerRecord:
+    def __init__(self, resource: str, bus_ids: list[str], span: ContainerSpan):
+        self._resource = resource
+        self._bus_ids = bus_ids
+        self._span = span
+
+    def group(self, report: GroupReport) -> None:
+        if report.made:
+            logger.debug("Recreated RSD group", resourceName=self._resource, busIDs=self._bus_ids,
+                         rsdGroup=report.rsd_host_path, replacedGroups=report.replaced_groups,
+                         smiCalls=report.smi_calls, smiMs=report.smi_ms)
+        self._span.rsd_group(report.rsd_host_path)
+
+
+class _AllocateRecord(AllocateObserver):
+    """One Allocate call's logs and spans, and when each container was done (for the metrics)."""
+
+    def __init__(self, resource: str, trace: AllocateTrace, started: float, ready_after: list[float]):
+        self._resource = resource
+        self._trace = trace
+        self._started = started
+        self._ready_after = ready_after
+
+    def refused(self, requests: Sequence[Sequence[str]], error: AllocationError) -> None:
+        self._trace.refused([logged(ids) for ids in requests], error)
+
+    @contextlib.contextmanager
+    def container(self, device_ids: list[str], bus_ids: list[str]) -> Iterator[_ContainerRecord]:
+        logger.info("Starting container allocation", resourceName=self._resource, deviceIDs=device_ids,
+                    busIDs=bus_ids)
+        with self._trace.container(device_ids, bus_ids) as span:
+            yield _ContainerRecord(self._resource, bus_ids, span)
+
+    def answered(self, report: ContainerReport) -> None:
+        group = report.group
+        logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=report.device_ids,
+                    busIDs=report.bus_ids, rsdGroup=group.rsd_host_path, durationMs=round(report.seconds * 1000, 3),
+                    smiCalls=group.smi_calls, smiMs=group.smi_ms, cdiAnnotation=report.cdi_annotation,
+                    cdiResolvable=report.cdi_resolvable)
+        self._ready_after.append(time.monotonic() - self._started)
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
@@ -126,7 +172,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     if not context.is_active():
                         break
                     logger.debug("Sending device list to kubelet", resourceName=self._resource,
-                                 deviceIDs=_logged([d.device_id for d in devices]))
+                                 deviceIDs=logged([d.device_id for d in devices]))
                     yield device_list(devices)
                     sent = generation
                 self._table.wait_for_change(sent, _STREAM_WAKE_SECONDS)
@@ -169,7 +215,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return response
 
     def _log_placement(self, placement: Placement, size: int) -> None:
-        logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=_logged(placement.devices),
+        logger.debug("Preferred allocation", resourceName=self._resource, deviceIDs=logged(placement.devices),
                      size=size, provenOptimal=placement.proven_optimal, searchWork=placement.work)
         shortfall = placement.shortfall()
         if shortfall is not None:
@@ -180,35 +226,24 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def _fallback(self, container, reason: str) -> None:
         logger.warning("Preferred allocation fallback to kubelet", resourceName=self._resource, err=reason[:512],
-                       available=_logged(list(container.available_deviceIDs)),
-                       mustInclude=_logged(list(container.must_include_deviceIDs)),
+                       available=logged(list(container.available_deviceIDs)),
+                       mustInclude=logged(list(container.must_include_deviceIDs)),
                        size=container.allocation_size)
 
     def Allocate(self, request, context):
         started = time.monotonic()
         self._flush_metrics_when_answered(context)
         requested = [list(c.devices_ids) for c in request.container_requests]
-        all_ids = _logged([i for ids in requested for i in ids])
+        all_ids = logged([i for ids in requested for i in ids])
         ready_after: list[float] = []  # for each container done so far, seconds since the call started
         try:
             with self._tracer.allocate(self._resource) as trace:
-                try:
-                    containers = self._allocator.validate(requested)
-                except AllocationError as exc:
-                    trace.refused([_logged(ids) for ids in requested], exc)
-                    raise
-                # Containers naming the same devices share their group: a second change would destroy it.
-                made: dict[frozenset[str], ContainerAllocation] = {}
-                responses = []
-                # The latest scan's verdict, once per call: every container of it is answered alike.
-                cdi_resolvable = self._table.cdi_resolvable
-                for devices in containers:
-                    responses.append(self._allocate_container(trace, devices, made, cdi_resolvable))
-                    ready_after.append(time.monotonic() - started)
+                allocations = self._allocator.allocate(requested,
+                                                       _AllocateRecord(self._resource, trace, started, ready_after))
         except AllocationError as exc:
             self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
             logger.error("Container allocation failed", resourceName=self._resource,
-                         deviceIDs=exc.device_ids[:_LOGGED_IDS] or all_ids, err=str(exc), durationMs=_ms(started))
+                         deviceIDs=logged(exc.device_ids) or all_ids, err=str(exc), durationMs=_ms(started))
             context.abort(_STATUS_CODES[exc.kind], str(exc))
         except Exception as exc:
             self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
@@ -217,7 +252,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                              durationMs=_ms(started))
             context.abort(grpc.StatusCode.INTERNAL, f"internal error allocating {', '.join(all_ids)}: {exc}")
         self._count_allocations(Result.SUCCESS, started, ready_after, len(requested))
-        return api_pb2.AllocateResponse(container_responses=responses)
+        return api_pb2.AllocateResponse(container_responses=[container_response(a) for a in allocations])
 
     def _count_allocations(self, result: Result, started: float, ready_after: list[float], containers: int) -> None:
         """Each container request counts once: the ones not done when the call failed at the time it failed (a
@@ -225,29 +260,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         ended = time.monotonic() - started
         self._metrics.allocations(self._resource, result,
                                   ready_after + [ended] * (max(containers, 1) - len(ready_after)))
-
-    def _allocate_container(self, trace: AllocateTrace, devices: Sequence[Advertised],
-                            made: dict[frozenset[str], ContainerAllocation],
-                            cdi_resolvable: bool) -> api_pb2.ContainerAllocateResponse:
-        started = time.monotonic()
-        ids = [d.device_id for d in devices]
-        bus_ids = sorted(d.record.bus_id for d in devices)
-        logger.info("Starting container allocation", resourceName=self._resource, deviceIDs=ids, busIDs=bus_ids)
-        smi_calls, smi_ms = 0, 0.0
-        with trace.container(ids, bus_ids) as span:
-            allocation = made.get(frozenset(ids))
-            if allocation is None:
-                allocation = made[frozenset(ids)] = self._allocator.allocate_container(devices, cdi_resolvable)
-                smi_calls, smi_ms = allocation.group.smi.calls, round(allocation.group.smi.seconds * 1000, 3)
-                logger.debug("Recreated RSD group", resourceName=self._resource, busIDs=allocation.bus_ids,
-                             rsdGroup=allocation.rsd_host_path, replacedGroups=list(allocation.group.replaced),
-                             smiCalls=smi_calls, smiMs=smi_ms)
-            span.rsd_group(allocation.rsd_host_path)
-        logger.info("Completed container allocation", resourceName=self._resource, deviceIDs=allocation.device_ids,
-                    busIDs=allocation.bus_ids, rsdGroup=allocation.rsd_host_path, durationMs=_ms(started),
-                    smiCalls=smi_calls, smiMs=smi_ms, cdiAnnotation=bool(allocation.annotations),
-                    cdiResolvable=allocation.cdi_resolvable)
-        return container_response(allocation)
 
     def PreStartContainer(self, request, context):
         return api_pb2.PreStartContainerResponse()

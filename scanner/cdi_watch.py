@@ -19,6 +19,7 @@ from loguru import logger
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.cdi_spec import resolve
 from shared.cdi_spec_dirs import SpecDirs
+from shared.status_records import CdiCheck, RefusedSpec
 
 # Refused specs a record or the status file lists: a hostile dir must not make either large.
 _MAX_LISTED = 16
@@ -45,12 +46,17 @@ class CdiState:
     """(path, reason) of every spec file the runtime would refuse."""
     dir_errors: tuple[str, ...]
 
+    def record(self, spec_dirs: Sequence[str] = (), annotation: str | None = None) -> CdiCheck:
+        """As the scanner's status file carries it, with the dirs checked and the annotation policy."""
+        return CdiCheck(device=RUNTIME_DEVICE, resolvable=self.resolvable, defined_in=self.defined_in,
+                        conflict=self.conflict,
+                        refused_specs=tuple(RefusedSpec(path, reason) for path, reason in self.refused[:_MAX_LISTED]),
+                        refused_spec_count=len(self.refused), dir_errors=self.dir_errors[:_MAX_LISTED],
+                        spec_dirs=tuple(spec_dirs), annotation=annotation)
+
     def status(self) -> dict[str, Any]:
-        """As the status file carries it."""
-        return {"device": RUNTIME_DEVICE, "resolvable": self.resolvable, "definedIn": list(self.defined_in),
-                "conflict": list(self.conflict),
-                "refusedSpecs": [{"path": path, "err": reason} for path, reason in self.refused[:_MAX_LISTED]],
-                "refusedSpecCount": len(self.refused), "dirErrors": list(self.dir_errors[:_MAX_LISTED])}
+        """The check alone, as the status file's JSON carries it."""
+        return self.record().to_json()
 
 
 class CdiWatch:

@@ -13,7 +13,7 @@ from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.feature_file import FeatureFile
 from scanner.node_labels import NodeFacts, derive_labels
 from scanner.publisher import InventoryPublisher
-from shared import ipc, process_status
+from shared import ipc, process_status, status_records
 from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, Settings
 from shared.device_health import Health, HealthHistory
@@ -23,6 +23,7 @@ from shared.programs import SCANNER
 from shared.rbln_smi import RblnSmi, SmiCommand
 from shared.resources import Resource
 from shared.safe_open import ensure_private_dir
+from shared.status_records import ScannerStatus
 
 
 class ScanReporter:
@@ -124,12 +125,11 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             if labeller is not None:
                 labeller.update(result)
             metrics.flush()
-            process_status.write_status(settings.run_dir, SCANNER, {
-                "resources": {r.value: len(d) for r, d in result.inventories.items()},
-                "discoveryError": result.error,
-                "scanMs": round((time.monotonic() - started) * 1000, 3),
-                "cdi": {**cdi_state.status(), "specDirs": cdi.dirs, "annotation": settings.cdi_annotation.value},
-            })
+            status_records.write(settings.run_dir, SCANNER, ScannerStatus(
+                resources={r.value: len(d) for r, d in result.inventories.items()},
+                discovery_error=result.error,
+                scan_ms=round((time.monotonic() - started) * 1000, 3),
+                cdi=cdi_state.record(cdi.dirs, settings.cdi_annotation.value)))
             shutdown.wait(max(0.0, started + settings.device_scan_interval - time.monotonic()))
     finally:
         if labeller is not None:

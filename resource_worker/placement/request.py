@@ -13,10 +13,9 @@ import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from shared.hostile_ids import listed
 from shared.inventory import DeviceRecord, card_key
 from shared.sriov import parse_numa
-
-_SHOWN_IDS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +65,10 @@ def validate(candidates: Mapping[str, Candidate], available: Sequence[str], must
         raise PlacementRequestError(f"allocation size 0 cannot hold the {len(mandatory)} mandatory devices")
     unknown = [i for i in sorted(set(pool) | set(mandatory)) if i not in candidates]
     if unknown:
-        raise PlacementRequestError(f"unknown device IDs: {_names(unknown)}")
+        raise PlacementRequestError(f"unknown device IDs: {listed(unknown, quote=True)}")
     missing = sorted(set(mandatory) - set(pool))
     if missing:
-        raise PlacementRequestError(f"mandatory devices not available: {_names(missing)}")
+        raise PlacementRequestError(f"mandatory devices not available: {listed(missing, quote=True)}")
     if len(mandatory) > size:
         raise PlacementRequestError(f"{len(mandatory)} mandatory devices exceed allocation size {size}")
     if size > len(pool):
@@ -84,19 +83,14 @@ def check_answer(request: Request, answer: Sequence[str]) -> None:
         problems.append(f"{len(answer)} devices for a request of {request.size}")
     repeated = sorted(i for i, count in collections.Counter(answer).items() if count > 1)
     if repeated:
-        problems.append(f"repeated devices {_names(repeated)}")
+        problems.append(f"repeated devices {listed(repeated, quote=True)}")
     dropped = sorted(set(request.mandatory) - set(answer))
     if dropped:
-        problems.append(f"mandatory devices left out: {_names(dropped)}")
+        problems.append(f"mandatory devices left out: {listed(dropped, quote=True)}")
     offered = set(request.pool)
     foreign = sorted({i for i in answer if i not in offered})
     if foreign:
-        problems.append(f"devices not offered: {_names(foreign)}")
+        problems.append(f"devices not offered: {listed(foreign, quote=True)}")
     if problems:
         raise PlacementCheckError("placement answer rejected: " + "; ".join(problems))
 
-
-def _names(ids: list[str]) -> str:
-    # The message reaches a log line; a hostile request must not make it huge.
-    shown = ", ".join(repr(i[:64]) for i in ids[:_SHOWN_IDS])
-    return shown + (f" and {len(ids) - _SHOWN_IDS} more" if len(ids) > _SHOWN_IDS else "")

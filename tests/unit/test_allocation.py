@@ -1,12 +1,13 @@
 """Allocate's own checks: device nodes awaited within a bound (before any RSD change for the devices
 themselves), errors that name the device and the reason and stay short whatever the request."""
 
+import contextlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resource_worker.allocation import AllocationError, Allocator, ErrorKind
+from resource_worker.allocation import AllocationError, Allocator, ContainerReport, ErrorKind, GroupReport
 from tests.support.allocators import FAULT, NODE_TIMEOUT, READY, make_allocator
 
 # gRPC carries the message in a header (8 KiB by default); far below that, it still names what failed.
@@ -112,3 +113,59 @@ def test_containers_overlapping_in_part_are_refused_before_any_read(tmp_path):
     same = allocator.validate([["rbln1", "rbln0"], ["rbln0", "rbln1", "rbln0"]])
     assert [[d.device_id for d in devices] for devices in same] == [["rbln1", "rbln0"], ["rbln0", "rbln1"]]
     assert sorted(reads) == ["rbln0", "rbln1"]
+
+
+class RecordingObserver:
+    """An AllocateObserver that keeps what it is told, in order."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def refused(self, requests, error):
+        self.events.append(("refused", [list(ids) for ids in requests], error.kind))
+
+    @contextlib.contextmanager
+    def container(self, device_ids, bus_ids):
+        self.events.append(("container", device_ids, bus_ids))
+        try:
+            yield self
+        except AllocationError as exc:
+            self.events.append(("failed", exc.kind))
+            raise
+        self.events.append(("closed",))
+
+    def group(self, report: GroupReport):
+        self.events.append(("group", report.rsd_host_path, report.made, report.smi_calls))
+
+    def answered(self, report: ContainerReport):
+        self.events.append(("answered", report.device_ids, report.group.made, report.seconds >= 0))
+
+
+def test_one_call_answers_every_container_and_identical_ones_share_one_group(tmp_path):
+    allocator, fake = make_allocator(tmp_path)
+    observer = RecordingObserver()
+    allocations = allocator.allocate([["rbln1", "rbln0"], ["rbln2"], ["rbln0", "rbln1"]], observer)
+    assert [a.device_ids for a in allocations] == [["rbln0", "rbln1"], ["rbln2"], ["rbln0", "rbln1"]]
+    assert allocations[0] is allocations[2]
+    assert fake.calls == [["rbln0", "rbln1"], ["rbln2"]]  # the third container made no RSD change
+    assert observer.events == [
+        ("container", ["rbln1", "rbln0"], ["0000:03:00.0", "0000:04:00.0"]), ("group", "/dev/rsd7", True, 0),
+        ("closed",), ("answered", ["rbln0", "rbln1"], True, True),
+        ("container", ["rbln2"], ["0000:05:00.0"]), ("group", "/dev/rsd7", True, 0),
+        ("closed",), ("answered", ["rbln2"], True, True),
+        ("container", ["rbln0", "rbln1"], ["0000:03:00.0", "0000:04:00.0"]), ("group", "/dev/rsd7", False, 0),
+        ("closed",), ("answered", ["rbln0", "rbln1"], False, True)]
+
+
+def test_a_refused_request_is_reported_before_any_container_and_a_failed_one_inside_its_own(tmp_path):
+    allocator, fake = make_allocator(tmp_path)
+    observer = RecordingObserver()
+    with pytest.raises(AllocationError):
+        allocator.allocate([["rbln0"], ["rbln9"]], observer)
+    assert observer.events == [("refused", [["rbln0"], ["rbln9"]], ErrorKind.UNKNOWN_DEVICE)] and fake.calls == []
+    allocator, fake = make_allocator(tmp_path / "failing", error="rbln-smi: busy")
+    observer = RecordingObserver()
+    with pytest.raises(AllocationError):
+        allocator.allocate([["rbln0"], ["rbln1"]], observer)
+    assert observer.events == [("container", ["rbln0"], ["0000:03:00.0"]), ("failed", ErrorKind.RSD_GROUP_FAILED)]
+    assert fake.calls == [["rbln0"]]
