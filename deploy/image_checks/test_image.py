@@ -39,7 +39,7 @@ from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
-from tests.deploy import ROOT, load_deploy_module, project_version
+from tests.support.deploy import ROOT, load_deploy_module, project_version
 
 tools = load_deploy_module("tools")
 
