@@ -7,7 +7,7 @@
 
 help:
 	@echo "make lint         ruff and mypy, as CI runs them"
-	@echo "make test-fast    the unit tests alone (python -m pytest -m unit)"
+	@echo "make test-fast    the unit tests alone (python -m pytest -m unit -n auto)"
 	@echo "make test         the README's test command: unit, deployment and integration tests"
 	@echo "make deploy       the chart and the image recipe with the real tools (deploy/validate.sh)"
 	@echo "make image        the image built and run on Docker (deploy/image_test.sh)"
@@ -24,7 +24,7 @@ lint:
 	mypy
 
 test-fast:
-	python -m pytest -m unit
+	python -m pytest -m unit -n auto
 
 test:
 	python -m pytest

@@ -38,7 +38,7 @@ def test_every_step_target_runs_a_command_of_ci_exactly():
 
 def test_ci_is_ci_run_and_test_fast_is_the_unit_suite():
     assert recipes()["ci"] == ["bash .ci/run"]
-    assert recipes()["test-fast"] == ["python -m pytest -m unit"]
+    assert recipes()["test-fast"] == ["python -m pytest -m unit -n auto"]
 
 
 def test_the_readme_development_section_names_every_target():
