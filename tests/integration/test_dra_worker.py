@@ -107,7 +107,8 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
 def test_prepare_and_unprepare_repeated_out_of_order_and_across_a_restart(make_node, start_stack, api):
     node = make_node("2")
     stack = start_stack(node, **_dra_env(node, api))
-    stack.wait_for_record("Serving the DRA plugin")
+    # The first publication comes once the scanner's inventory is complete; a Prepare before it is told to retry.
+    stack.wait_for_record("Published ResourceSlices")
     dra_sock, _reg = _sockets(node)
     one, two = _claim(api, "uid-1", ["rbln0"], "one"), _claim(api, "uid-2", ["rbln1"], "two")
     with _channel(dra_sock) as channel:
