@@ -240,6 +240,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             with self._tracer.allocate(self._resource) as trace:
                 allocations = self._allocator.allocate(requested,
                                                        _AllocateRecord(self._resource, trace, started, ready_after))
+                # Inside the call's handling: an answer that cannot be built fails like any other error.
+                response = api_pb2.AllocateResponse(container_responses=[container_response(a) for a in allocations])
         except AllocationError as exc:
             self._count_allocations(Result.FAILURE, started, ready_after, len(requested))
             logger.error("Container allocation failed", resourceName=self._resource,
@@ -252,7 +254,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                                              durationMs=_ms(started))
             context.abort(grpc.StatusCode.INTERNAL, f"internal error allocating {', '.join(all_ids)}: {exc}")
         self._count_allocations(Result.SUCCESS, started, ready_after, len(requested))
-        return api_pb2.AllocateResponse(container_responses=[container_response(a) for a in allocations])
+        return response
 
     def _count_allocations(self, result: Result, started: float, ready_after: list[float], containers: int) -> None:
         """Each container request counts once: the ones not done when the call failed at the time it failed (a

@@ -12,7 +12,6 @@ import dataclasses
 import pathlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from loguru import logger
 
@@ -53,10 +52,6 @@ class CdiState:
                         refused_specs=tuple(RefusedSpec(path, reason) for path, reason in self.refused[:_MAX_LISTED]),
                         refused_spec_count=len(self.refused), dir_errors=self.dir_errors[:_MAX_LISTED],
                         spec_dirs=tuple(spec_dirs), annotation=annotation)
-
-    def status(self) -> dict[str, Any]:
-        """The check alone, as the status file's JSON carries it."""
-        return self.record().to_json()
 
 
 class CdiWatch:

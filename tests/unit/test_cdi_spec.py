@@ -226,7 +226,7 @@ def test_a_conflict_is_named_in_the_warning_and_the_status(tmp_path, logs):
     for name in ("a.yaml", "b.yaml"):
         (tmp_path / name).write_text(TOOLKIT_SPEC)
     state = CdiWatch([tmp_path], CdiAnnotation.WHEN_RESOLVABLE).check()
-    assert not state.resolvable and state.status()["conflict"] == [str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml")]
+    assert not state.resolvable and state.record().conflict == (str(tmp_path / "a.yaml"), str(tmp_path / "b.yaml"))
     assert "specs of one directory both define it" in logs[-1]["err"]
 
 
@@ -262,7 +262,7 @@ def test_status_shows_the_verdict_the_dirs_and_refused_specs(tmp_path):
     programs = running()
     (tmp_path / "rbln.yaml").write_text(TOOLKIT_SPEC.replace("kind:", "kinds:"))
     watch = CdiWatch([tmp_path], CdiAnnotation.WHEN_RESOLVABLE)
-    cdi = {**watch.check().status(), "specDirs": watch.dirs, "annotation": "when-resolvable"}
+    cdi = watch.check().record(watch.dirs, CdiAnnotation.WHEN_RESOLVABLE.value).to_json()
     report = build_report(programs, {**scanner_status(programs, npu=1), "cdi": cdi}, {}, 50.5)
     assert report["cdi"]["resolvable"] is False and report["cdi"]["refusedSpecCount"] == 1
     lines = [line for line in render_text(report).splitlines() if line.startswith("cdi:")]
@@ -270,7 +270,7 @@ def test_status_shows_the_verdict_the_dirs_and_refused_specs(tmp_path):
     assert lines[1] == f"cdi: spec dirs {tmp_path}; annotation when-resolvable"
     assert lines[2].startswith(f"cdi: spec refused: {tmp_path / 'rbln.yaml'}: spec: field 'kinds'")
     (tmp_path / "rbln.yaml").write_text(TOOLKIT_SPEC)
-    cdi = {**watch.check().status(), "specDirs": watch.dirs, "annotation": "when-resolvable"}
+    cdi = watch.check().record(watch.dirs, CdiAnnotation.WHEN_RESOLVABLE.value).to_json()
     report = build_report(programs, {**scanner_status(programs, npu=1), "cdi": cdi}, {}, 50.5)
     assert f"cdi: {RUNTIME_DEVICE} resolvable (defined in {tmp_path / 'rbln.yaml'})" in render_text(report)
 

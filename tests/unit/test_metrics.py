@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from prometheus_client import values
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
+from resource_worker import servicer as servicer_module
 from resource_worker.servicer import DevicePluginServicer
 from resource_worker.streams import StreamTracker
 from shared import metrics
@@ -410,3 +411,18 @@ def test_events_are_written_at_the_flush_once_each_whatever_the_threads(node):
     samples = scrape(node.collector)
     assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 200
     assert value(samples, "rbln_device_plugin_allocate_duration_seconds_count", resource=NPU) == 200
+
+
+def test_an_allocate_whose_answer_cannot_be_built_fails_as_internal_and_counts_as_a_failure(tmp_path, monkeypatch):
+    served, recorder = servicer(tmp_path)
+
+    def broken(allocation):
+        raise ValueError("annotation value is not a string")
+
+    monkeypatch.setattr(servicer_module, "container_response", broken)
+    context = FakeContext()
+    with pytest.raises(Aborted, match="annotation value is not a string"):
+        served.Allocate(allocate_request(["rbln0"]), context)
+    assert context.code is grpc.StatusCode.INTERNAL
+    [(_, result, durations)] = recorder.allocations_seen
+    assert result is Result.FAILURE and len(durations) == 1
