@@ -56,7 +56,6 @@ def stack_environment(args: argparse.Namespace, base: Mapping[str, str]) -> dict
     return environ
 
 
-
 def supervisord_argv(conf: pathlib.Path, uid: int) -> list[str]:
     """supervisord on `conf`, as user `uid`. supervisor.conf says user=root, which supervisord only
     takes from root (it cannot switch users otherwise); run by anyone else, it is told to stay who it is
