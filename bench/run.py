@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 from bench import common
 
 BENCHMARKS = ("placement_bench", "scan_cost", "allocate_latency", "health_propagation", "reregistration",
-              "idle_cost", "scrape_cost", "edge_attacks", "soak", "cdi_check", "dra")
+              "idle_cost", "scrape_cost", "edge_attacks", "soak", "cdi_check", "dra", "stack_lifecycle")
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "latest.json"
 _COLUMNS = (("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("max_ms", "max ms"))
 _NOT_FIGURES = {"benchmark", "goal", "met", *(key for key, _ in _COLUMNS)}
