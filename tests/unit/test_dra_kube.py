@@ -98,3 +98,21 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
     assert "rbln0" in names
     server.slices.clear()
     assert publisher.reconcile_once() is True and len(server.slices) == 1
+
+
+def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(server, client):
+    """A newer API server's fields (here made up) are neither dropped nor renamed on the way in or out."""
+    body = claim("uid-2", ["rbln1"], name="c2", namespace="team-b")
+    body["status"]["futureStatus"] = {"someCamelCase": [1, 2]}
+    server.claims[("team-b", "c2")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                       **body, "spec": {"devices": {}, "futureSpec": True}}
+    got = client.get_claim("team-b", "c2", timeout=5)
+    assert got["status"]["futureStatus"] == {"someCamelCase": [1, 2]} and got["spec"]["futureSpec"] is True
+    created = client.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                   "metadata": {"generateName": "node-a-"},
+                                   "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE, "futureField": "x",
+                                            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                                            "devices": []}}, timeout=5)
+    (stored,) = server.slices.values()
+    assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
+    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5)] == ["x"]
