@@ -3,6 +3,8 @@ field selector, the kubeconfig's credentials, and which failures are retried."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dra_worker.kube import ApiFailure, KubeApi
@@ -116,3 +118,22 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
     (stored,) = server.slices.values()
     assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
     assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5)] == ["x"]
+
+
+def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):
+    """As a real API server is reached: HTTPS, its certificate checked against the cluster's CA; a server the
+    kubeconfig names no CA for is refused (not one the system trusts), a failure and not a crash."""
+    api = FakeKubeApi(tls_dir=tmp_path).start()
+    api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-tls"}}
+    try:
+        config = api.kubeconfig(tmp_path / "kubeconfig")
+        assert api.url.startswith("https://")
+        assert KubeApi(config).node_uid(NODE, timeout=5) == "node-uid-tls"
+        unanchored = json.loads(config.read_text())
+        del unanchored["clusters"][0]["cluster"]["certificate-authority-data"]
+        config.write_text(json.dumps(unanchored))
+        with pytest.raises(ApiFailure, match="CERTIFICATE_VERIFY_FAILED") as refused:
+            KubeApi(config).node_uid(NODE, timeout=0.2)
+        assert refused.value.status is None
+    finally:
+        api.stop()
