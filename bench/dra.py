@@ -12,8 +12,9 @@
   checkpoint's data fsync, into the benchmark's temporary directory) and for the scheduler; the `/tmpfs` rows keep
   the checkpoint in /dev/shm, which takes the disk out of it.
 - `dra/slice-update`: the real stack in DRA mode (scan interval 1 s) with a loopback stand-in of the API
-  server; a device's driver status flips between FAULT and READY, and the time from the flip until the
-  server's ResourceSlices show it is measured. Goal: <= one scan interval + 1 s.
+  server, reached over TLS as a real one is (its self-signed certificate is the kubeconfig's cluster CA); a
+  device's driver status flips between FAULT and READY, and the time from the flip until the server's
+  ResourceSlices show it is measured. Goal: <= one scan interval + 1 s.
 - `dra/rss`: worker-dra's resident memory after its slices are published and a claim was prepared over its
   socket, with metrics on and tracing off (the defaults). Goal: <= 45 MiB. `anonymous_mib` is the worker's own
   memory; the rest of its RSS is the libraries' code (gRPC's core alone about 13 MiB, libpython 5, libcrypto 4),
@@ -134,7 +135,8 @@ def stack_rows(flips: int) -> list[dict]:
     from shared.dra.v1 import api_pb2, api_pb2_grpc
     from shared.process_status import read_status as read_process_status
 
-    api = FakeKubeApi().start()
+    credentials = tempfile.TemporaryDirectory(prefix="rbln-bench-dra-tls-")
+    api = FakeKubeApi(tls_dir=pathlib.Path(credentials.name)).start()
     api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "n"}}
     try:
         with common.temporary_node(NodeSpec.uniform(num_pfs=8, numa_nodes=2, switches=4)) as node:
@@ -162,6 +164,7 @@ def stack_rows(flips: int) -> list[dict]:
                 memory = common.memory(int(status["pid"]))
     finally:
         api.stop()
+        credentials.cleanup()
     goal_ms = (SCAN_INTERVAL_S + 1) * 1000
     rss_mib = memory.rss_kb / 1024
     return [

@@ -1,6 +1,9 @@
 """The API server, as worker-dra uses it: a few calls on plain dicts, through lightkube.
 
-lightkube is imported by this module alone (worker-dra's only): no other process pays for it. Credentials are
+lightkube is imported by this module alone (worker-dra's only): no other process pays for it. ResourceSlices and
+ResourceClaims go through lightkube's generic resources, which are the JSON objects themselves: the typed models
+of lightkube-models' resource_v1 would cost the worker 0.3 MiB of classes, a conversion each way per call, and
+any field they do not know (a newer API server's) on the way through. Credentials are
 the pod's service account, or the kubeconfig file KUBECONFIG names. A call that fails for a reason that may
 pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
 server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
@@ -56,18 +59,13 @@ def _failure(exc: Exception, what: str) -> ApiFailure:
     return ApiFailure(f"{what}: {type(exc).__name__}: {exc}")
 
 
-def _slice(body: Json) -> Any:
-    from lightkube.resources.resource_v1 import ResourceSlice
-
-    return ResourceSlice.from_dict(body)
-
-
 class KubeApi:
     def __init__(self, kubeconfig: pathlib.Path | None, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic, request_timeout: float = 10.0):
         import httpx2
         from lightkube import Client, KubeConfig
         from lightkube.config.kubeconfig import SingleConfig
+        from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
         config: KubeConfig | SingleConfig = (KubeConfig.from_file(kubeconfig) if kubeconfig is not None
                                              else KubeConfig.from_service_account())
@@ -75,6 +73,8 @@ class KubeApi:
                               trust_env=False)
         self._sleep = sleep
         self._clock = clock
+        self._slices = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
+        self._claims = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 
     def _call(self, what: str, work: Callable[[], T], deadline: float) -> T:
         """`work()`, retried with backoff while it fails for a passing reason and time remains."""
@@ -92,11 +92,9 @@ class KubeApi:
                 self._sleep(pause)
 
     def get_claim(self, namespace: str, name: str, timeout: float) -> Json:
-        from lightkube.resources.resource_v1 import ResourceClaim
-
         deadline = self._clock() + timeout
         return self._call(f"get ResourceClaim {namespace}/{name}",
-                          lambda: self._client.get(ResourceClaim, name, namespace=namespace).to_dict(), deadline)
+                          lambda: dict(self._client.get(self._claims, name, namespace=namespace)), deadline)
 
     def node_uid(self, node_name: str, timeout: float) -> str:
         from lightkube.resources.core_v1 import Node
@@ -106,29 +104,25 @@ class KubeApi:
         return str(node.metadata.uid) if node.metadata is not None else ""
 
     def list_slices(self, node_name: str, timeout: float) -> list[Json]:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
         deadline = self._clock() + timeout
         fields: dict[str, Any] = {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
         return self._call("list ResourceSlices",
-                          lambda: [s.to_dict() for s in self._client.list(ResourceSlice, fields=fields)], deadline)
+                          lambda: [dict(s) for s in self._client.list(self._slices, fields=fields)], deadline)
 
     def create_slice(self, body: Json, timeout: float) -> Json:
         deadline = self._clock() + timeout
         return self._call("create ResourceSlice",
-                          lambda: self._client.create(_slice(body)).to_dict(), deadline)
+                          lambda: dict(self._client.create(self._slices.from_dict(body))), deadline)
 
     def replace_slice(self, body: Json, timeout: float) -> Json:
         deadline = self._clock() + timeout
         return self._call(f"update ResourceSlice {body['metadata']['name']}",
-                          lambda: self._client.replace(_slice(body)).to_dict(), deadline)
+                          lambda: dict(self._client.replace(self._slices.from_dict(body))), deadline)
 
     def delete_slice(self, name: str, timeout: float) -> None:
-        from lightkube.resources.resource_v1 import ResourceSlice
-
         deadline = self._clock() + timeout
         try:
-            self._call(f"delete ResourceSlice {name}", lambda: self._client.delete(ResourceSlice, name), deadline)
+            self._call(f"delete ResourceSlice {name}", lambda: self._client.delete(self._slices, name), deadline)
         except ApiFailure as failure:
             if failure.status != 404:  # gone already: what was wanted
                 raise

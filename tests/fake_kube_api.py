@@ -1,22 +1,28 @@
 """A loopback HTTP stand-in for the few API server endpoints worker-dra calls, for unit tests of its client
 (the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
-every request, and can be told to fail the next requests with a status."""
+every request, and can be told to fail the next requests with a status. Given a directory for its credentials, it
+serves HTTPS with a self-signed certificate that its kubeconfig names as the cluster's CA, as a real API server
+is reached: what the client loads and runs for TLS is then part of what is measured."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import itertools
 import json
 import pathlib
+import ssl
 import threading
 import urllib.parse
 from typing import Any
+
+from tests.support.certificates import self_signed
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 class FakeKubeApi:
-    def __init__(self) -> None:
+    def __init__(self, tls_dir: pathlib.Path | None = None) -> None:
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -52,11 +58,19 @@ class FakeKubeApi:
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._ca: bytes | None = None
+        if tls_dir is not None:
+            key, cert = self_signed(tls_dir, "127.0.0.1")
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            self._ca = cert.read_bytes()
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "http" if self._ca is None else "https"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> FakeKubeApi:
         self._thread.start()
@@ -70,9 +84,12 @@ class FakeKubeApi:
         self._server.server_close()
 
     def kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
+        cluster: dict[str, str] = {"server": self.url}
+        if self._ca is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(self._ca).decode()
         path.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "test", "cluster": cluster}],
             "users": [{"name": "test", "user": {"token": "test-token"}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
         return path

@@ -41,8 +41,10 @@ def watch():
 threading.Thread(target=watch, daemon=True).start()
 dra_worker.main.main()
 """
-# Never needed by worker-dra: the SDK (tracing off by default), the other programs, the full Kubernetes client.
-NEVER = ("opentelemetry", "resource_worker", "scanner", "kubelet_watchdog", "kubernetes")
+# Never needed by worker-dra: the SDK (tracing off by default), the other programs, the full Kubernetes client,
+# lightkube's typed DRA models (slices and claims go through its generic resources: dra_worker/kube.py).
+NEVER = ("opentelemetry", "resource_worker", "scanner", "kubelet_watchdog", "kubernetes",
+         "lightkube.models.resource_v1", "lightkube.resources.resource_v1")
 # Not before the first API call (made by the slice publisher once the worker serves).
 API_CLIENT = ("lightkube", "httpx2", "httpcore2", "yaml")
 # Only for the question asked of supervisord at shutdown (shared/supervisord/transport.py).

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import subprocess
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -20,6 +19,7 @@ from shared import tracing
 from shared.programs import PROGRAMS, WORKERS
 from shared.resources import Resource
 from shared.version import VERSION
+from tests.support.certificates import self_signed
 
 NPU = Resource.NPU.value
 TRACING_MESSAGES = ("Distributed tracing enabled", "Distributed tracing disabled; no OTLP endpoint configured",
@@ -182,10 +182,7 @@ def test_tracing_trouble_is_a_warning_and_never_stops_allocation(make_node, kube
 
 def test_tls_endpoint_exports_over_tls(tmp_path, monkeypatch):
     """An https:// endpoint: the exporter verifies the collector's certificate (here a self-signed one)."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    key, cert = self_signed(tmp_path)
     secure = Collector(grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())]))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(cert))
     try:

@@ -3,6 +3,8 @@ field selector, the kubeconfig's credentials, and which failures are retried."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dra_worker.kube import ApiFailure, KubeApi
@@ -98,3 +100,40 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
     assert "rbln0" in names
     server.slices.clear()
     assert publisher.reconcile_once() is True and len(server.slices) == 1
+
+
+def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(server, client):
+    """A newer API server's fields (here made up) are neither dropped nor renamed on the way in or out."""
+    body = claim("uid-2", ["rbln1"], name="c2", namespace="team-b")
+    body["status"]["futureStatus"] = {"someCamelCase": [1, 2]}
+    server.claims[("team-b", "c2")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                       **body, "spec": {"devices": {}, "futureSpec": True}}
+    got = client.get_claim("team-b", "c2", timeout=5)
+    assert got["status"]["futureStatus"] == {"someCamelCase": [1, 2]} and got["spec"]["futureSpec"] is True
+    created = client.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                   "metadata": {"generateName": "node-a-"},
+                                   "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE, "futureField": "x",
+                                            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                                            "devices": []}}, timeout=5)
+    (stored,) = server.slices.values()
+    assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
+    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5)] == ["x"]
+
+
+def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):
+    """As a real API server is reached: HTTPS, its certificate checked against the cluster's CA; a server the
+    kubeconfig names no CA for is refused (not one the system trusts), a failure and not a crash."""
+    api = FakeKubeApi(tls_dir=tmp_path).start()
+    api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-tls"}}
+    try:
+        config = api.kubeconfig(tmp_path / "kubeconfig")
+        assert api.url.startswith("https://")
+        assert KubeApi(config).node_uid(NODE, timeout=5) == "node-uid-tls"
+        unanchored = json.loads(config.read_text())
+        del unanchored["clusters"][0]["cluster"]["certificate-authority-data"]
+        config.write_text(json.dumps(unanchored))
+        with pytest.raises(ApiFailure, match="CERTIFICATE_VERIFY_FAILED") as refused:
+            KubeApi(config).node_uid(NODE, timeout=0.2)
+        assert refused.value.status is None
+    finally:
+        api.stop()
