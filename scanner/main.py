@@ -122,6 +122,9 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error, cdi_state.resolvable,
                                                        result.driver_version))
+            # The families are made once the first scan is published, not before: the workers wait for it, and
+            # prometheus_client costs some 40 ms. Later calls find them made.
+            metrics.load(smi_commands=[SmiCommand.LIST.value])
             reporter.report(result, time.monotonic() - started)
             if labeller is not None:
                 labeller.update(result)
@@ -143,7 +146,5 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
 def main() -> None:
     settings = start_process(SCANNER)
     shutdown = ShutdownSignal().install()
-    metrics = recorder_for(settings.metrics_port, settings.run_dir)
-    metrics.load(smi_commands=[SmiCommand.LIST.value])
-    run(settings, shutdown, metrics)
+    run(settings, shutdown, recorder_for(settings.metrics_port, settings.run_dir))
     logger.info("Shutdown")
