@@ -33,9 +33,9 @@ threading.Thread(target=watch, daemon=True).start()
 sys.argv = ["scanner"]
 runpy.run_module("scanner", run_name="__main__", alter_sys=True)
 """
-# asyncio (loguru's, shared/loguru_asyncio.py) and what it brings; uuid (platform); the other programs' own
-# libraries and code; the web's modules.
-NEVER = ("asyncio", "ssl", "concurrent", "uuid", "grpc", "google.protobuf", "opentelemetry", "email", "http",
+# asyncio (loguru's, shared/loguru_asyncio.py) and what it brings; uuid (platform); PyYAML, for a YAML CDI spec
+# only (the node has none); the other programs' own libraries and code; the web's modules.
+NEVER = ("asyncio", "ssl", "concurrent", "uuid", "yaml", "grpc", "google.protobuf", "opentelemetry", "email", "http",
          "xmlrpc", "resource_worker", "kubelet_watchdog", "dra_worker", "rbln_device_plugin")
 
 
