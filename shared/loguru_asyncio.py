@@ -17,7 +17,7 @@ upgrades loguru looks at the new module before adding its digest here.
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
+import importlib.util
 import pathlib
 import sys
 from typing import Any
@@ -38,8 +38,9 @@ def get_running_loop() -> Any:
     return asyncio.get_running_loop()
 
 
-def _loguru_source(search_path: list[str] | None) -> bytes | None:
-    spec = importlib.machinery.PathFinder.find_spec("loguru", search_path)
+def _loguru_source() -> bytes | None:
+    """The source of the `loguru._asyncio_loop` that `import loguru` would load (found as the import finds it)."""
+    spec = importlib.util.find_spec("loguru")
     if spec is None or not spec.submodule_search_locations:
         return None
     try:
@@ -48,12 +49,12 @@ def _loguru_source(search_path: list[str] | None) -> bytes | None:
         return None
 
 
-def install(search_path: list[str] | None = None) -> bool:
+def install() -> bool:
     """Stand in for loguru's asyncio module if loguru is not imported yet and is the one this module knows;
     True if this module is (now) the one loguru uses. Called by a program's entry before any other import."""
     if "loguru" in sys.modules or LOGURU_MODULE in sys.modules:
         return sys.modules.get(LOGURU_MODULE) is sys.modules[__name__]
-    source = _loguru_source(search_path)
+    source = _loguru_source()
     if source is None or hashlib.sha256(source).hexdigest() not in KNOWN_SOURCES:
         return False
     sys.modules[LOGURU_MODULE] = sys.modules[__name__]

@@ -97,13 +97,11 @@ def test_another_loguru_keeps_its_own_module(tmp_path, source):
     (package / "__init__.py").write_text("from loguru import _asyncio_loop\n")
     (package / "_asyncio_loop.py").write_text(source)
     out = _python(f"""
-        import sys
         from shared import loguru_asyncio
-        print(loguru_asyncio.install({[str(tmp_path)]!r}))
-        sys.path.insert(0, {str(tmp_path)!r})
+        print(loguru_asyncio.install())
         import loguru
         print(loguru._asyncio_loop.__file__ == {str(package / "_asyncio_loop.py")!r})
-    """)
+    """, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     assert out.split() == ["False", "True"]
 
 
