@@ -1,3 +1,8 @@
-from scanner.main import main
+from shared import loguru_asyncio
+
+# Before anything imports loguru (shared/loguru_asyncio.py): the scanner never needs asyncio.
+loguru_asyncio.install()
+
+from scanner.main import main  # noqa: E402
 
 main()

@@ -361,10 +361,6 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
 
     logger.remove()
     logger.configure(extra={"process": process}, patcher=patch)
-    # A format function returns a template; the rendered line is inserted verbatim.
-    options: dict[str, Any] = {"level": _LOGURU_LEVELS[level], "colorize": False, "backtrace": False,
-                               "diagnose": False}
-    logger.add(stream, format=lambda _record: "{extra[_line]}\n", **options)
 
     def announce(level: str, message: str, fields: Mapping[str, str]) -> None:
         """One record straight to the stream, as the stream's sink would have written it."""
@@ -373,16 +369,32 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
         stream.write(_shrink(record, text_line if as_text else json_line) + "\n")
         stream.flush()
 
+    log_file: LogFile | None = None
     log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
     if log_dir:
         directory = pathlib.Path(os.path.abspath(log_dir))
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            sink = LogFile(directory, process, rotate_bytes, keep_rotated, announce)
-            logger.add(sink.write, format=lambda _record: "{extra[_json]}\n", **options)
+            log_file = LogFile(directory, process, rotate_bytes, keep_rotated, announce)
         except OSError as exc:
             fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
                                       {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))
+
+    def write(message) -> None:
+        """Both destinations of a record: one loguru sink, since each sink costs a process's start some 7 ms
+        (loguru's exception formatter of a sink reads every sysconfig scheme). The file gets the record
+        even when the stream fails; loguru then reports the stream's error as it would for a sink of its own."""
+        extra = message.record["extra"]
+        try:
+            stream.write(extra["_line"] + "\n")
+            stream.flush()
+        finally:
+            if log_file is not None:
+                log_file.write(extra["_json"] + "\n")
+
+    # The lines are made by the patcher: loguru's own rendering is left empty.
+    logger.add(write, format=lambda _record: "", level=_LOGURU_LEVELS[level], colorize=False, backtrace=False,
+               diagnose=False)
 
     logging.basicConfig(handlers=[_StdlibBridge()], level=logging.DEBUG if with_caller else logging.INFO,
                         force=True)

@@ -208,6 +208,25 @@ def test_each_process_writes_json_records_to_its_own_size_rotated_file(install, 
     assert not stream.getvalue().startswith("{")
 
 
+class _BrokenStream(io.StringIO):
+    """A stdout whose reader has gone: every write fails."""
+
+    def write(self, text):
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def test_the_file_has_each_record_of_the_stream_and_keeps_them_when_the_stream_fails(install, tmp_path, capsys):
+    stream, _ = install({log.DIR_ENV: str(tmp_path / "logs")})
+    logger.info("Device appeared in inventory", device="rbln0")
+    file = tmp_path / "logs" / f"{PROCESS}.log"
+    assert file.read_text() == stream.getvalue() and stream.getvalue().count("\n") == 1
+    log.setup(PROCESS, {log.DIR_ENV: str(tmp_path / "logs")}, _BrokenStream())
+    logger.warning("Device disappeared from inventory", device="rbln0")
+    (_, kept) = [json.loads(line) for line in file.read_text().splitlines()]
+    assert kept["msg"] == "Device disappeared from inventory" and kept["device"] == "rbln0"
+    assert "BrokenPipeError" in capsys.readouterr().err  # loguru reports the stream's failure, as for any sink
+
+
 def test_an_empty_log_dir_writes_no_file_and_an_unusable_one_falls_back(install, tmp_path):
     install({log.DIR_ENV: ""})
     logger.info("event")

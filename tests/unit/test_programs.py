@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import configparser
+import os
 import pathlib
 import shlex
+import subprocess
+import sys
 
 from shared.config import ResourceApi
 from shared.programs import (
@@ -64,3 +67,22 @@ def test_each_program_runs_its_own_process():
     for name in WORKERS:
         assert commands[name] == ["-m", "resource_worker", "--resource", Resource.from_process_name(name).value]
     assert commands[WORKER_DRA] == ["-m", "dra_worker"]
+
+
+def _program_environment() -> dict[str, str]:
+    """The variables supervisor.conf's [supervisord] section gives every program."""
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(ROOT / "supervisor.conf")
+    pairs = (item.split("=", 1) for item in conf["supervisord"]["environment"].split(","))
+    return {key: value.strip('"') for key, value in pairs}
+
+
+def test_loguru_adds_no_sink_of_its_own_in_a_program():
+    # shared/log.py sets the stream up first thing; loguru's stderr sink would only cost the start its time.
+    code = "from loguru import logger; logger.info('before the stream is set up')"
+    quiet = subprocess.run([sys.executable, "-c", code], env={**os.environ, **_program_environment()},
+                           capture_output=True, text=True, timeout=60)
+    plain = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LOGURU_AUTOINIT": "True"},
+                           capture_output=True, text=True, timeout=60)
+    assert (quiet.returncode, quiet.stderr) == (0, "")
+    assert "before the stream is set up" in plain.stderr  # what the setting turns off

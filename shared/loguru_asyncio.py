@@ -1,0 +1,61 @@
+"""loguru's two asyncio hooks, with asyncio imported only when a coroutine sink first needs it.
+
+loguru imports its module `loguru._asyncio_loop` unconditionally, and that module imports asyncio, which
+brings ssl, subprocess and concurrent.futures with it: some 30 ms of a process's start and 3 MiB of its Pss
+(6 MiB of Rss). loguru calls the module's two functions only for coroutine sinks, and the stack adds none;
+a process that loads grpc gets asyncio from grpc anyway, but the scanner and a worker that has not started
+serving need none of it. `install` puts this module in loguru's module's place before loguru is imported.
+
+`importlib.util.LazyLoader` cannot do this job: loguru's module reads `asyncio.get_running_loop` while it is
+imported, which would load a lazy asyncio at once.
+
+It stands in only for the module it was written against, recognised by the SHA-256 of its source: another
+loguru keeps its own module (and asyncio), and tests/unit/test_loguru_asyncio.py fails, so that whoever
+upgrades loguru looks at the new module before adding its digest here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import pathlib
+import sys
+from typing import Any
+
+LOGURU_MODULE = "loguru._asyncio_loop"
+# loguru/_asyncio_loop.py of loguru 0.7.3 (deploy/container/requirements.lock).
+KNOWN_SOURCES = frozenset({"2daf17ccb8ef458a4d8b295990e1702ca81df9644c5f34d9640a04ce52faf306"})
+
+
+def get_task_loop(task: Any) -> Any:
+    return task.get_loop()
+
+
+def get_running_loop() -> Any:
+    """The running event loop; RuntimeError when there is none, as asyncio's own function says."""
+    import asyncio
+
+    return asyncio.get_running_loop()
+
+
+def _loguru_source() -> bytes | None:
+    """The source of the `loguru._asyncio_loop` that `import loguru` would load (found as the import finds it)."""
+    spec = importlib.util.find_spec("loguru")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        return (pathlib.Path(spec.submodule_search_locations[0]) / "_asyncio_loop.py").read_bytes()
+    except OSError:
+        return None
+
+
+def install() -> bool:
+    """Stand in for loguru's asyncio module if loguru is not imported yet and is the one this module knows;
+    True if this module is (now) the one loguru uses. Called by a program's entry before any other import."""
+    if "loguru" in sys.modules or LOGURU_MODULE in sys.modules:
+        return sys.modules.get(LOGURU_MODULE) is sys.modules[__name__]
+    source = _loguru_source()
+    if source is None or hashlib.sha256(source).hexdigest() not in KNOWN_SOURCES:
+        return False
+    sys.modules[LOGURU_MODULE] = sys.modules[__name__]
+    return True
