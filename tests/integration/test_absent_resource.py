@@ -6,8 +6,9 @@ The real `python -m resource_worker` and the real scanner over ZeroMQ on a simul
 simulator on the device plugin dir; metrics on and tracing configured (an OTLP endpoint on loopback where
 nothing listens: no span is ever sent). What the worker imports is what the interpreter itself reports
 (`-X importtime` writes a line to stderr as each module is imported, at any time of the process's life); that
-gRPC's extension is not loaded is read from outside, in /proc/<pid>/maps. The scanner scans every 60 s, so
-the one scan that finds the devices is the new scanner's first: the worker registers before another comes.
+gRPC's extension is not loaded is read from outside, in /proc/<pid>/maps. The scanner scans every 5 s (the
+default): the worker must register before the scan after the one that first lists the devices, with a margin
+of seconds over what serving takes to start (well under one on this machine, loaded).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tests.support.ports import free_port
 
 NPU = Resource.NPU.value
 TIMEOUT = 30.0
+SCAN_INTERVAL = "5s"
 # What serving needs, and only serving: gRPC and the API, the tracer (and with an endpoint the SDK), the
 # Allocator and placement.
 SERVING_ONLY = ("grpc", "opentelemetry", "shared.tracing", "shared.deviceplugin", "resource_worker.serving",
@@ -73,7 +75,7 @@ def test_a_worker_without_devices_holds_no_serving_parts_and_serves_from_the_fir
     node = make_node("2")
     for device in node.devices():
         node.remove_device(device)
-    env = {**os.environ, **node.env("60s"), "METRICS_PORT": "0",
+    env = {**os.environ, **node.env(SCAN_INTERVAL), "METRICS_PORT": "0",
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"127.0.0.1:{free_port()}"}
     imports = tmp_path / "importtime.log"
     scanner = _scanner(env)
@@ -94,19 +96,18 @@ def test_a_worker_without_devices_holds_no_serving_parts_and_serves_from_the_fir
         assert not _maps_grpc(worker.pid)
         assert kubelet.registrations == []
 
-        # The devices appear; the next scanner's first scan is the only one before the next minute.
-        assert _stop(scanner) == 0
+        # The devices appear, to the next scan.
         appeared = time.time()
         for device in node.devices():
             node.restore_device(device)
-        scanner = _scanner(env)
         kubelet.wait_for(lambda k: any(r.request.resource_name == NPU and r.error is None for r in k.registrations),
                          TIMEOUT, "the worker's Register")
         kubelet.wait_for_devices(NPU, {device: "Healthy" for device in node.devices()}, TIMEOUT)
         registered = min(r.time for r in kubelet.registrations if r.error is None)
         scans = [call for call in node.smi_calls() if call["command"] == smi_state.INVENTORY
                  and appeared <= call["start"] <= registered]
-        assert len(scans) == 1, scans
+        # At most the one that found the devices (none if one under way as they appeared did): not the next.
+        assert len(scans) <= 1, scans
 
         serving = _imported(imports)
         assert _loaded(serving, SERVING_ONLY) != []  # the absence above is the absence of what serving imports
