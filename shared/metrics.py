@@ -165,7 +165,8 @@ class Recorder:
         self._pid = os.getpid() if pid is None else pid
         # Guards `_files` (the value files and what is known of their keys): flushes run on several threads.
         self._lock = threading.Lock()
-        self._files: value_files.ProcessFiles | None = None  # made, zero series and all, by `load` or the first flush
+        self._files: value_files.ProcessFiles | None = None  # made by `load` or the first flush
+        self._zero_series_made = False  # once they are all in the files (a full run dir can refuse some)
         # Events not written yet; appended and taken from any thread (a deque's ends are thread-safe). Bounded,
         # so that events nobody flushes cannot grow the process.
         self._pending: collections.deque[Callable[[value_files.ProcessFiles], None]] = collections.deque(
@@ -192,9 +193,11 @@ class Recorder:
     def _load(self) -> value_files.ProcessFiles:
         """The files with their zero series; the caller holds `_lock`."""
         assert self.directory is not None
-        if self._files is not None:
-            return self._files
-        files = value_files.ProcessFiles(self.directory, self._pid)
+        if self._files is None:
+            self._files = value_files.ProcessFiles(self.directory, self._pid)
+        files = self._files
+        if self._zero_series_made:
+            return files
         resource, smi_commands, dra = self._zero_series
         for family in EVENT_FAMILIES:
             if not family.labels:
@@ -211,7 +214,7 @@ class Recorder:
             for result in Result:
                 files.touch(DRA_PREPARES, result.value)
                 files.touch(DRA_SLICE_PUBLISHES, result.value)
-        self._files = files
+        self._zero_series_made = True
         return files
 
     def _failed(self, exc: Exception) -> None:

@@ -225,6 +225,37 @@ def test_value_files_are_allocated_before_they_are_mapped_and_a_refusal_is_repor
     assert logged[2:] == ["Metrics cannot be recorded; continuing without them"]
 
 
+def test_a_recorder_refused_one_of_its_files_retries_holding_each_file_once(node, monkeypatch):
+    """The first file is made, the second refused at every flush: the retries neither reopen the first nor
+    lose its series, and once there is room the zero series are all made."""
+    recorder = node.process(504)
+    real_fallocate = os.posix_fallocate
+    full = True
+
+    def fallocate(fd, offset, length):
+        if full and os.fstat(fd).st_size == 0 and len(node.files()) > 1:  # a new file beside one made
+            raise OSError(28, "No space left on device")
+        real_fallocate(fd, offset, length)
+
+    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        recorder.load(NPU, ["group-create"])
+        recorder.scan(0.1)
+        recorder.flush()
+    assert node.files() == ["histogram_504.db"]
+    held = len(os.listdir("/proc/self/fd")) - before  # what one open value file holds (its mapping dups the fd)
+    assert 0 < held <= 2
+    full = False
+    recorder.scan(0.2)
+    recorder.flush()
+    samples = scrape(node.collector)
+    assert value(samples, "rbln_device_plugin_scan_duration_seconds_count") == 1  # the refused ones dropped
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="failure") == 0
+    assert value(samples, "rbln_device_plugin_rbln_smi_failures_total", command="group-create") == 0
+    assert len(os.listdir("/proc/self/fd")) - before == 2 * held
+
+
 def test_the_recording_processes_never_import_prometheus_client(tmp_path):
     """Its package costs a process about 40 ms and 3-4 MB (an HTTP server, email, wsgiref): the scanner and the
     workers write their value files without it, with metrics on or off; only the watchdog, which serves
