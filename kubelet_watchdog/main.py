@@ -7,11 +7,11 @@ import os
 import select
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from loguru import logger
 
 from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
+from kubelet_watchdog.metrics_server import MetricsEndpoint
 from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
@@ -22,9 +22,6 @@ from shared.metrics import Recorder, metrics_dir, recorder_for
 from shared.process_lifecycle import ShutdownSignal, start_process
 from shared.programs import SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
-
-if TYPE_CHECKING:
-    from kubelet_watchdog.metrics_server import MetricsEndpoint
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
 # notice a FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
@@ -181,9 +178,6 @@ def main() -> None:
     shutdown = ShutdownSignal().install()
     recorder = recorder_for(settings.metrics_port, settings.run_dir)
     recorder.load()
-    # Imported once recorder_for has told prometheus_client where the value files are.
-    from kubelet_watchdog.metrics_server import MetricsEndpoint
-
     backend = settings.run_dir / HEALTH_BACKEND_SOCKET
     health = HealthEndpoint(settings.healthcheck_port, lambda port: HealthServer(port, backend))
     metrics = MetricsEndpoint(settings.metrics_port, metrics_dir(settings.run_dir))

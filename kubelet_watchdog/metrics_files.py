@@ -18,10 +18,9 @@ from collections.abc import Callable, Iterable
 
 from loguru import logger
 from prometheus_client.metrics_core import Metric
-from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from shared.value_files import ReservedMmapedDict
+from shared import value_files
 
 ARCHIVE = "archive"
 _GAUGE_PREFIX = "gauge_"
@@ -106,13 +105,12 @@ class ProcessFilesCollector:
             # Written beside the archive under a name no collection reads, then put in its place at once.
             partial = self._directory / f".{kind}_{ARCHIVE}.partial"
             partial.unlink(missing_ok=True)
-            table = ReservedMmapedDict(str(partial))
+            table = value_files.ValueFile(partial)
             try:
                 for metric in merged:
                     for sample in metric.samples:
-                        key = mmap_key(metric.name, sample.name, list(sample.labels), list(sample.labels.values()),
-                                       metric.documentation)
-                        table.write_value(key, sample.value, 0.0)
+                        table.set(value_files.key(metric.name, sample.name, sample.labels, metric.documentation),
+                                  sample.value)
             finally:
                 table.close()
             os.replace(partial, archive)

@@ -6,7 +6,8 @@ There are two kinds of family, told apart by where their values live:
 - Event families (counters and histograms) are recorded by the process where the event happens: the
   scanner's scans and `rbln-smi` calls, a worker's allocations and group changes, the watchdog's kubelet
   restarts. Each process writes them into memory-mapped files of its own in the metrics directory of the
-  run dir (prometheus_client's multiprocess mode: a write is a store into shared memory, no system call),
+  run dir (prometheus_client's multiprocess layout, written by shared/value_files.py without importing
+  prometheus_client: a write is a store into shared memory, no system call),
   and the process serving `/metrics` adds up every process's files at each scrape. A process that died
   still counts: its events happened.
 - State families (gauges) say how the stack is now: the devices, their health and status, the
@@ -26,16 +27,13 @@ import enum
 import os
 import pathlib
 import shutil
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
+from shared import value_files
 from shared.config import RUN_DIR_ENV
 from shared.safe_open import ensure_private_dir
 
-# prometheus_client reads it when it is first imported, to decide where values live.
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 METRICS_DIR_NAME = "metrics"
 PATH = "/metrics"
 
@@ -151,42 +149,27 @@ def reset_metrics_dir(run_dir: pathlib.Path, enabled: bool) -> None:
         ensure_private_dir(directory, RUN_DIR_ENV)
 
 
-def _build(family: Family) -> Any:
-    import prometheus_client
-
-    from shared import value_files
-
-    value_files.install()
-
-    # registry=None: the serving process reads the files, not this process's registry.
-    kwargs: dict[str, Any] = {"labelnames": family.labels, "registry": None}
-    if family.kind is Kind.COUNTER:
-        return prometheus_client.Counter(family.name, family.help, **kwargs)
-    if family.kind is Kind.HISTOGRAM:
-        return prometheus_client.Histogram(family.name, family.help, buckets=family.buckets, **kwargs)
-    raise ValueError(f"{family.name} is a {family.kind.value}: state families are derived, never recorded")
-
-
 class Recorder:
     """Records one process's events into its value files; with metrics off (no directory) it does nothing.
 
     An event is only queued where it happens (an append: an Allocate pays nothing measurable for it) and
     written to the files by `flush()`, which the process calls once the work is answered: the worker after
-    each response is sent, the scanner after each scan. prometheus_client is imported when the families
-    are first needed (`load()`, or the first flush), so a worker whose resource the node lacks never pays
-    for it. Recording never raises into the caller's work: a value file that cannot be made or grown (a
-    full or read-only run dir; its space is reserved before it is mapped, so it never costs a SIGBUS) is
-    reported once, the events are dropped, and the first event recorded again is reported too.
+    each response is sent, the scanner after each scan. The files are written by shared/value_files.py,
+    without prometheus_client. Recording never raises into the caller's work: a value file that cannot be
+    made or grown (a full or read-only run dir; its space is reserved before it is mapped, so it never costs
+    a SIGBUS) is reported once, the events are dropped, and the first event recorded again is reported too.
     """
 
-    def __init__(self, directory: pathlib.Path | None):
+    def __init__(self, directory: pathlib.Path | None, pid: int | None = None):
         self.directory = directory
-        # Guards `_families` while it is built (Allocate handlers run on several threads).
+        self._pid = os.getpid() if pid is None else pid
+        # Guards `_files` (the value files and what is known of their keys): flushes run on several threads.
         self._lock = threading.Lock()
-        self._families: dict[Family, Any] | None = None
+        self._files: value_files.ProcessFiles | None = None  # made by `load` or the first flush
+        self._zero_series_made = False  # once they are all in the files (a full run dir can refuse some)
         # Events not written yet; appended and taken from any thread (a deque's ends are thread-safe). Bounded,
         # so that events nobody flushes cannot grow the process.
-        self._pending: collections.deque[Callable[[dict[Family, Any]], None]] = collections.deque(
+        self._pending: collections.deque[Callable[[value_files.ProcessFiles], None]] = collections.deque(
             maxlen=_MAX_PENDING)
         # Whether the failure to record is reported; the first success after it is reported too.
         self._failure_logged = False
@@ -194,37 +177,45 @@ class Recorder:
         self._zero_series: tuple[str | None, tuple[str, ...], bool] = (None, (), False)
 
     def load(self, resource: str | None = None, smi_commands: Iterable[str] = (), dra: bool = False) -> None:
-        """Import prometheus_client and make the families now, off the path of the first event, with a zero
-        series for each label set this process can record (a resource's allocations of either result, its
-        rbln-smi commands): a query then finds zero rather than nothing before the first event. Families
-        that cannot be made now (no room for their files) are made at a later flush, zero series and all."""
+        """Make the files now, off the path of the first event, with a zero series for each label set this
+        process can record (a resource's allocations of either result, its rbln-smi commands): a query then
+        finds zero rather than nothing before the first event. Files that cannot be made now (no room) are
+        made at a later flush, zero series and all."""
         self._zero_series = (resource, tuple(smi_commands), dra)
+        if self.directory is None:
+            return
         try:
-            self._load()
+            with self._lock:
+                self._load()
         except Exception as exc:  # as flush: metrics never cost the process
             self._failed(exc)
 
-    def _load(self) -> None:
-        if self.directory is None or self._families is not None:
-            return
+    def _load(self) -> value_files.ProcessFiles:
+        """The files with their zero series; the caller holds `_lock`."""
+        assert self.directory is not None
+        if self._files is None:
+            self._files = value_files.ProcessFiles(self.directory, self._pid)
+        files = self._files
+        if self._zero_series_made:
+            return files
         resource, smi_commands, dra = self._zero_series
-        with self._lock:
-            if self._families is not None:
-                return
-            families = {family: _build(family) for family in EVENT_FAMILIES}
-            if resource is not None:
-                for result in Result:
-                    families[ALLOCATIONS].labels(resource, result.value)
-                for family in (ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS):
-                    families[family].labels(resource)
-            for command in smi_commands:
-                families[RBLN_SMI_DURATION].labels(command)
-                families[RBLN_SMI_FAILURES].labels(command)
-            if dra:
-                for result in Result:
-                    families[DRA_PREPARES].labels(result.value)
-                    families[DRA_SLICE_PUBLISHES].labels(result.value)
-            self._families = families
+        for family in EVENT_FAMILIES:
+            if not family.labels:
+                files.touch(family)
+        if resource is not None:
+            for result in Result:
+                files.touch(ALLOCATIONS, resource, result.value)
+            for family in (ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS):
+                files.touch(family, resource)
+        for command in smi_commands:
+            files.touch(RBLN_SMI_DURATION, command)
+            files.touch(RBLN_SMI_FAILURES, command)
+        if dra:
+            for result in Result:
+                files.touch(DRA_PREPARES, result.value)
+                files.touch(DRA_SLICE_PUBLISHES, result.value)
+        self._zero_series_made = True
+        return files
 
     def _failed(self, exc: Exception) -> None:
         from loguru import logger  # not on the way of `run`, which imports this module before its exec
@@ -234,7 +225,7 @@ class Recorder:
             logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
                            err=f"{type(exc).__name__}: {exc}")
 
-    def _record(self, work: Callable[[dict[Family, Any]], None]) -> None:
+    def _record(self, work: Callable[[value_files.ProcessFiles], None]) -> None:
         if self.directory is not None:
             self._pending.append(work)
 
@@ -246,9 +237,8 @@ class Recorder:
             except IndexError:
                 return
             try:
-                self._load()
-                assert self._families is not None
-                work(self._families)
+                with self._lock:
+                    work(self._load())
             except Exception as exc:  # metrics must never cost an allocation or a scan; the event is dropped
                 self._failed(exc)
                 continue
@@ -259,62 +249,57 @@ class Recorder:
                 logger.info("Metrics recorded again", path=str(self.directory))
 
     def scan(self, seconds: float) -> None:
-        self._record(lambda f: f[SCAN_DURATION].observe(seconds))
+        self._record(lambda f: f.observe(SCAN_DURATION, seconds))
 
     def rbln_smi(self, command: str, seconds: float, ok: bool) -> None:
-        def work(f: dict[Family, Any]) -> None:
-            f[RBLN_SMI_DURATION].labels(command).observe(seconds)
+        def work(f: value_files.ProcessFiles) -> None:
+            f.observe(RBLN_SMI_DURATION, seconds, command)
             if not ok:
-                f[RBLN_SMI_FAILURES].labels(command).inc()
+                f.inc(RBLN_SMI_FAILURES, command)
 
         self._record(work)
 
     def allocations(self, resource: str, result: Result, durations: Sequence[float]) -> None:
         """One Allocate call: the time each of its container requests took, and how the call ended."""
-        def work(f: dict[Family, Any]) -> None:
-            f[ALLOCATIONS].labels(resource, result.value).inc(len(durations))
-            histogram = f[ALLOCATE_DURATION].labels(resource)
+        def work(f: value_files.ProcessFiles) -> None:
+            f.inc(ALLOCATIONS, resource, result.value, amount=len(durations))
+            f.touch(ALLOCATE_DURATION, resource)
             for seconds in durations:
-                histogram.observe(seconds)
+                f.observe(ALLOCATE_DURATION, seconds, resource)
 
         self._record(work)
 
     def preferred_allocation(self, resource: str, seconds: float, fallbacks: int) -> None:
-        def work(f: dict[Family, Any]) -> None:
-            f[PREFERRED_ALLOCATION_DURATION].labels(resource).observe(seconds)
+        def work(f: value_files.ProcessFiles) -> None:
+            f.observe(PREFERRED_ALLOCATION_DURATION, seconds, resource)
             if fallbacks:
-                f[PREFERRED_ALLOCATION_FALLBACKS].labels(resource).inc(fallbacks)
+                f.inc(PREFERRED_ALLOCATION_FALLBACKS, resource, amount=fallbacks)
 
         self._record(work)
 
     def prepares(self, result: Result, seconds: float) -> None:
         """One claim of a NodePrepareResources call, answered `seconds` after the call began."""
-        def work(f: dict[Family, Any]) -> None:
-            f[DRA_PREPARES].labels(result.value).inc()
-            f[DRA_PREPARE_DURATION].observe(seconds)
+        def work(f: value_files.ProcessFiles) -> None:
+            f.inc(DRA_PREPARES, result.value)
+            f.observe(DRA_PREPARE_DURATION, seconds)
 
         self._record(work)
 
     def slice_publish(self, ok: bool) -> None:
         """A reconciliation of the ResourceSlices that changed them, or failed; written at once (the publisher's
         thread is the one place it happens)."""
-        self._record(lambda f: f[DRA_SLICE_PUBLISHES].labels((Result.SUCCESS if ok else Result.FAILURE).value).inc())
+        self._record(lambda f: f.inc(DRA_SLICE_PUBLISHES, (Result.SUCCESS if ok else Result.FAILURE).value))
         self.flush()
 
     def kubelet_restart(self) -> None:
-        self._record(lambda f: f[KUBELET_RESTARTS].inc())
+        self._record(lambda f: f.inc(KUBELET_RESTARTS))
 
 
 def recorder_for(metrics_port: int, run_dir: pathlib.Path) -> Recorder:
-    """This process's recorder. With metrics on, points prometheus_client at the metrics directory, which
-    must happen before anything imports it."""
+    """This process's recorder: into the private metrics directory with metrics on, doing nothing with them off."""
     if metrics_port < 0:
         return Recorder(None)
     directory = metrics_dir(run_dir)
-    values = sys.modules.get("prometheus_client.values")
-    if values is not None and not getattr(values.ValueClass, "_multiprocess", False):
-        raise RuntimeError("prometheus_client was imported before the metrics directory was set")
-    os.environ[MULTIPROC_ENV] = str(directory)
     # `run` makes it empty at start; a process started on its own makes it here.
     ensure_private_dir(directory, RUN_DIR_ENV)
     return Recorder(directory)

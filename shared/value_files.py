@@ -1,55 +1,180 @@
-"""prometheus_client's value files with their space reserved before it is used.
+"""The value files the stack's processes record their events in, written without prometheus_client.
 
-A value file is memory-mapped: a store into a page the file system cannot back (a full memory-backed run
-dir: the file was only extended, never allocated) kills the process with SIGBUS, outside any `try`. So
-every byte of a file is allocated (posix_fallocate) before it is mapped or the file grows, and a file
-that cannot have its space is an OSError (ENOSPC, EROFS, ...) raised where the event is recorded, which
-the recorder reports and drops (shared/metrics.py).
+The layout is prometheus_client's multiprocess one, which the process serving `/metrics` reads with
+prometheus_client itself (kubelet_watchdog/metrics_files.py): a file starts with the bytes in use (a native
+int32) and four bytes of padding; then come entries, each the length of its key (int32), the key in UTF-8
+padded with spaces to the next multiple of 8 (at least one space), and two doubles: the value and a timestamp
+(always 0 here). A key is the JSON list [family name, sample name, labels, help] with its keys sorted. An
+entry is written whole before the count of bytes in use covers it, so a reader never sees half of one.
+The recording processes (scanner, workers, worker-dra) thus never import prometheus_client, whose package
+brings an HTTP server, email and wsgiref with it (about 40 ms and 3-4 MiB a process). `ProcessFiles` lays
+the families out as prometheus_client's Counter and Histogram do (tests/unit/test_value_files.py holds the
+two writers to the same bytes).
+
+A file is memory-mapped: a store into a page the file system cannot back (a full memory-backed run dir: a
+file only extended, never allocated) would kill the process with SIGBUS, outside any `try`. So every byte of
+a file is allocated (posix_fallocate) before it is mapped or the file grows, and a file that cannot have
+its space is an OSError (ENOSPC, EROFS, ...) raised where the value is written, which the recorder reports
+and drops (shared/metrics.py).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import mmap
 import os
+import pathlib
+import struct
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from prometheus_client import mmap_dict, values
+if TYPE_CHECKING:
+    from shared.metrics import Family
 
-
-def _entry_bytes(key: str) -> int:
-    """The bytes MmapedDict appends for a new key: its length, the key padded to 8 bytes, two doubles."""
-    encoded = len(key.encode("utf-8"))
-    return 4 + encoded + (8 - (encoded + 4) % 8) + 16
-
-
-class ReservedMmapedDict(mmap_dict.MmapedDict):
-    def __init__(self, filename: str, read_mode: bool = False):
-        if not read_mode:
-            _reserve_file(filename)
-        super().__init__(filename, read_mode)
-
-    def _init_value(self, key: str) -> None:
-        capacity = self._capacity
-        while self._used + _entry_bytes(key) > capacity:
-            capacity *= 2
-        if capacity != self._capacity:
-            os.posix_fallocate(self._f.fileno(), 0, capacity)
-        super()._init_value(key)
+INITIAL_SIZE = 1 << 16
+_HEADER_BYTES = 8
+_USED = struct.Struct("i")
+_LENGTH = struct.Struct("i")
+_VALUE = struct.Struct("dd")
+# The kinds of family recorded, as prometheus_client names their files (shared.metrics.Kind's values).
+COUNTER, HISTOGRAM = "counter", "histogram"
 
 
-def _reserve_file(filename: str) -> None:
-    """Allocate the file's blocks: its size, or the initial size of a new file (removed again on failure)."""
-    fd = os.open(filename, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        size = os.fstat(fd).st_size
+def key(family: str, sample: str, labels: Mapping[str, str], help_text: str) -> str:
+    return json.dumps([family, sample, dict(labels), help_text], sort_keys=True)
+
+
+def _entry(encoded_key: bytes) -> bytes:
+    padding = b" " * (8 - (len(encoded_key) + _LENGTH.size) % 8)
+    return _LENGTH.pack(len(encoded_key)) + encoded_key + padding + _VALUE.pack(0.0, 0.0)
+
+
+class ValueFile:
+    """One process's file of values by key, mapped into memory. Not thread-safe: its owner holds a lock."""
+
+    def __init__(self, path: pathlib.Path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            os.posix_fallocate(fd, 0, size or mmap_dict._INITIAL_MMAP_SIZE)
-        except OSError:
-            if size == 0:
-                os.unlink(filename)
+            size = os.fstat(fd).st_size
+            try:
+                os.posix_fallocate(fd, 0, size or INITIAL_SIZE)
+            except OSError:
+                if size == 0:
+                    path.unlink(missing_ok=True)
+                raise
+            self._capacity = size or INITIAL_SIZE
+            self._map = mmap.mmap(fd, self._capacity)
+        except BaseException:
+            os.close(fd)
             raise
-    finally:
-        os.close(fd)
+        self._fd = fd
+        self._positions: dict[str, int] = {}  # where each key's value is
+        self._used = _USED.unpack_from(self._map, 0)[0]
+        if self._used == 0:
+            self._used = _HEADER_BYTES
+            self._map[0:_USED.size] = _USED.pack(self._used)
+        self._index()
+
+    def _index(self) -> None:
+        """The keys of a file an earlier process of this pid left (a pid used again before the fold)."""
+        position = _HEADER_BYTES
+        while position < self._used:
+            length = _LENGTH.unpack_from(self._map, position)[0]
+            position += _LENGTH.size
+            name = self._map[position:position + length].decode("utf-8")
+            position += length + 8 - (length + _LENGTH.size) % 8
+            self._positions[name] = position
+            position += _VALUE.size
+
+    def _position(self, name: str) -> int:
+        position = self._positions.get(name)
+        if position is None:
+            entry = _entry(name.encode("utf-8"))
+            if self._used + len(entry) > self._capacity:
+                self._grow(self._used + len(entry))
+            self._map[self._used:self._used + len(entry)] = entry
+            self._used += len(entry)
+            self._map[0:_USED.size] = _USED.pack(self._used)
+            position = self._positions[name] = self._used - _VALUE.size
+        return position
+
+    def _grow(self, needed: int) -> None:
+        capacity = self._capacity
+        while capacity < needed:
+            capacity *= 2
+        os.posix_fallocate(self._fd, 0, capacity)  # refused: the file and its map stay as they were
+        self._map.close()
+        self._map = mmap.mmap(self._fd, capacity)
+        self._capacity = capacity
+
+    def add(self, name: str, amount: float) -> None:
+        """Add to the key's value (a new key starts at 0: adding 0 makes its series)."""
+        position = self._position(name)
+        self.set(name, _VALUE.unpack_from(self._map, position)[0] + amount)
+
+    def set(self, name: str, value: float) -> None:
+        position = self._position(name)
+        # Both doubles in one copy, never a field at a time (a reader could see a zero in between).
+        self._map[position:position + _VALUE.size] = _VALUE.pack(value, 0.0)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
 
 
-def install() -> None:
-    """Make prometheus_client's multiprocess values use reserved files (it names the class at each new file)."""
-    values.MmapedDict = ReservedMmapedDict  # type: ignore[misc]
+def _le(bound: float) -> str:
+    """A bucket's `le` label as the exposition writes it (Go's float format, for the bounds used here)."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+class ProcessFiles:
+    """One process's event families in its value files (`counter_<pid>.db`, `histogram_<pid>.db`), each file
+    made at its first write; the series of the families as prometheus_client's Counter and Histogram make
+    them, so that the scrape reads them as it would read that client's own files."""
+
+    def __init__(self, directory: pathlib.Path, pid: int):
+        self._directory = directory
+        self._pid = pid
+        self._files: dict[str, ValueFile] = {}
+        self._keys: dict[tuple[Family, tuple[str, ...]], tuple[str, ...]] = {}
+
+    def _file(self, kind: str) -> ValueFile:
+        file = self._files.get(kind)
+        if file is None:
+            file = self._files[kind] = ValueFile(self._directory / f"{kind}_{self._pid}.db")
+        return file
+
+    def _series(self, family: Family, labels: tuple[str, ...]) -> tuple[str, ...]:
+        """The keys of one series, made (at zero) in its file the first time: a counter's value; a histogram's
+        sum, then one bucket per bound and +Inf (each holding only its own observations)."""
+        keys = self._keys.get((family, labels))
+        if keys is None:
+            named = dict(zip(family.labels, labels, strict=True))
+            if family.kind.value == COUNTER:
+                keys = (key(family.name.removesuffix("_total"), family.name, named, family.help),)
+            elif family.kind.value == HISTOGRAM:
+                keys = (key(family.name, f"{family.name}_sum", named, family.help),
+                        *(key(family.name, f"{family.name}_bucket", {**named, "le": _le(bound)}, family.help)
+                          for bound in (*family.buckets, math.inf)))
+            else:
+                raise ValueError(f"{family.name} is a {family.kind.value}: state families are derived, never "
+                                 "recorded")
+            file = self._file(family.kind.value)
+            for name in keys:
+                file.add(name, 0.0)
+            self._keys[(family, labels)] = keys
+        return keys
+
+    def touch(self, family: Family, *labels: str) -> None:
+        self._series(family, labels)
+
+    def inc(self, family: Family, *labels: str, amount: float = 1.0) -> None:
+        self._file(COUNTER).add(self._series(family, labels)[0], amount)
+
+    def observe(self, family: Family, seconds: float, *labels: str) -> None:
+        sum_key, *bucket_keys = self._series(family, labels)
+        file = self._file(HISTOGRAM)
+        file.add(sum_key, seconds)
+        bounds = (*family.buckets, math.inf)
+        file.add(next(bucket for bucket, bound in zip(bucket_keys, bounds, strict=True) if seconds <= bound), 1.0)

@@ -1,9 +1,9 @@
 """What worker-dra imports, and when: its memory is mostly the modules it loads, so what it does not need (the
-OpenTelemetry SDK without an endpoint, prometheus_client with metrics off, the other programs' code) must never
-be imported, what only its shutdown needs not while it serves, and the API client not before its first call.
-The real `python -m dra_worker` code path, on a simulated node with the real scanner and the loopback stand-in
-of the API server; its modules are read from inside the process once it serves and has published its slices,
-then it is stopped with SIGTERM as supervisord does."""
+OpenTelemetry SDK without an endpoint, prometheus_client (its value files are written without it), the other
+programs' code) must never be imported, what only its shutdown needs not while it serves, and the API client
+not before its first call. The real `python -m dra_worker` code path, on a simulated node with the real scanner
+and the loopback stand-in of the API server; its modules are read from inside the process once it serves and
+has published its slices, then it is stopped with SIGTERM as supervisord does."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from prometheus_client.mmap_dict import MmapedDict
 
 from tests.fake_kube_api import FakeKubeApi
 
@@ -41,9 +42,10 @@ def watch():
 threading.Thread(target=watch, daemon=True).start()
 dra_worker.main.main()
 """
-# Never needed by worker-dra: the SDK (tracing off by default), the other programs, the full Kubernetes client,
-# lightkube's typed DRA models (slices and claims go through its generic resources: dra_worker/kube.py).
-NEVER = ("opentelemetry", "resource_worker", "scanner", "kubelet_watchdog", "kubernetes",
+# Never needed by worker-dra: the SDK (tracing off by default), prometheus_client (only the watchdog, serving
+# /metrics, reads the value files with it), the other programs, the full Kubernetes client, lightkube's typed DRA
+# models (slices and claims go through its generic resources: dra_worker/kube.py).
+NEVER = ("opentelemetry", "prometheus_client", "resource_worker", "scanner", "kubelet_watchdog", "kubernetes",
          "lightkube.models.resource_v1", "lightkube.resources.resource_v1")
 # Not before the first API call (made by the slice publisher once the worker serves).
 API_CLIENT = ("lightkube", "httpx2", "httpcore2", "yaml")
@@ -82,9 +84,13 @@ def _worker_modules(node, tmp_path, metrics_port: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("metrics_port", ["0", "-1"])
 def test_worker_dra_imports_only_what_it_uses(make_node, tmp_path, metrics_port):
-    modules = _worker_modules(make_node("2"), tmp_path, metrics_port)
-    assert _loaded(modules["import"], API_CLIENT + ("prometheus_client",) + NEVER) == []
+    node = make_node("2")
+    modules = _worker_modules(node, tmp_path, metrics_port)
+    assert _loaded(modules["import"], API_CLIENT + NEVER) == []
     serving = modules["serving"]
     assert _loaded(serving, NEVER + AT_SHUTDOWN) == []
     assert _loaded(serving, ("lightkube",)) != []  # the condition above is met by a worker that did its work
-    assert (_loaded(serving, ("prometheus_client",)) != []) is (metrics_port != "-1")
+    # Its events recorded all the same (only worker-dra publishes slices), with metrics on.
+    recorded = {json.loads(key)[0] for path in (node.run_dir / "metrics").glob("*.db")
+                for key, *_ in MmapedDict.read_all_values_from_file(str(path))}
+    assert ("rbln_device_plugin_dra_slice_publishes" in recorded) is (metrics_port != "-1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import stat
 import subprocess
 import sys
 import threading
@@ -13,7 +14,6 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import values
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
 from resource_worker import servicer as servicer_module
@@ -21,7 +21,7 @@ from resource_worker.servicer import DevicePluginServicer
 from resource_worker.streams import StreamTracker
 from shared import metrics
 from shared.deviceplugin.v1beta1 import api_pb2
-from shared.metrics import EVENT_FAMILIES, MULTIPROC_ENV, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
 from shared.resources import Resource
 from shared.tracing import AllocationTracer
 from tests.support.allocators import make_allocator
@@ -32,28 +32,25 @@ NPU, VF4 = Resource.NPU.value, Resource.NPU_VF4.value
 class Node:
     """One metrics directory and the processes writing into it, each with a pid of its own."""
 
-    def __init__(self, directory: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
+    def __init__(self, directory: pathlib.Path):
         self.directory = directory
-        self._monkeypatch = monkeypatch
         self.live: set[int] = set()
         self.collector = ProcessFilesCollector(directory, running=lambda pid: pid in self.live)
 
     def process(self, pid: int) -> Recorder:
         """A recorder as process `pid` has it: what it records until the next call lands in its files."""
-        self._monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda: pid))
         self.live.add(pid)
-        return Recorder(self.directory)
+        return Recorder(self.directory, pid=pid)
 
     def files(self) -> list[str]:
         return sorted(path.name for path in self.directory.iterdir())
 
 
 @pytest.fixture
-def node(tmp_path, monkeypatch) -> Node:
+def node(tmp_path) -> Node:
     directory = tmp_path / "metrics"
     directory.mkdir()
-    monkeypatch.setenv(MULTIPROC_ENV, str(directory))
-    return Node(directory, monkeypatch)
+    return Node(directory)
 
 
 def test_the_processes_events_add_up_in_one_scrape(node):
@@ -133,12 +130,9 @@ def test_an_ended_process_still_counts_once_and_its_files_are_folded(node):
 @given(lives=st.lists(st.lists(st.sampled_from([0.001, 0.04, 0.3, 7.0, 40.0]), max_size=4), min_size=1,
                       max_size=5),
        scrape_after=st.lists(st.booleans(), min_size=5, max_size=5))
-def test_any_sequence_of_restarts_and_scrapes_counts_every_allocation_once(tmp_path_factory, monkeypatch, lives,
-                                                                           scrape_after):
+def test_any_sequence_of_restarts_and_scrapes_counts_every_allocation_once(tmp_path_factory, lives, scrape_after):
     """A worker restarted again and again, scraped or not between its lives: the totals are the sums."""
-    directory = tmp_path_factory.mktemp("metrics")
-    monkeypatch.setenv(MULTIPROC_ENV, str(directory))
-    node = Node(directory, monkeypatch)
+    node = Node(tmp_path_factory.mktemp("metrics"))
     for pid, durations in enumerate(lives, start=300):
         recorder = node.process(pid)
         recorder.allocations(NPU, Result.SUCCESS, durations)
@@ -183,8 +177,8 @@ def test_file_names_and_liveness():
 def test_a_recorder_that_cannot_write_never_fails_the_work(node, monkeypatch):
     recorder = node.process(501)
     logged = []
-    monkeypatch.setattr(recorder, "_families", None)
-    monkeypatch.setattr("shared.metrics._build", lambda family: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.setattr("shared.value_files.ValueFile.__init__",
+                        lambda self, path: (_ for _ in ()).throw(OSError(28, "No space left")))
     monkeypatch.setattr("loguru.logger.warning", lambda message, **fields: logged.append((message, fields)))
     recorder.allocations(NPU, Result.SUCCESS, [0.1])
     recorder.scan(0.1)
@@ -231,48 +225,73 @@ def test_value_files_are_allocated_before_they_are_mapped_and_a_refusal_is_repor
     assert logged[2:] == ["Metrics cannot be recorded; continuing without them"]
 
 
-def test_metrics_off_and_the_workers_without_devices_never_load_prometheus_client(tmp_path):
-    """The import costs a process about 1 MB: a process with metrics off, and a worker that serves nothing,
-    never pay it (the workers import gRPC lazily for the same reason)."""
+def test_a_recorder_refused_one_of_its_files_retries_holding_each_file_once(node, monkeypatch):
+    """The first file is made, the second refused at every flush: the retries neither reopen the first nor
+    lose its series, and once there is room the zero series are all made."""
+    recorder = node.process(504)
+    real_fallocate = os.posix_fallocate
+    full = True
+
+    def fallocate(fd, offset, length):
+        if full and os.fstat(fd).st_size == 0 and len(node.files()) > 1:  # a new file beside one made
+            raise OSError(28, "No space left on device")
+        real_fallocate(fd, offset, length)
+
+    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        recorder.load(NPU, ["group-create"])
+        recorder.scan(0.1)
+        recorder.flush()
+    assert node.files() == ["histogram_504.db"]
+    held = len(os.listdir("/proc/self/fd")) - before  # what one open value file holds (its mapping dups the fd)
+    assert 0 < held <= 2
+    full = False
+    recorder.scan(0.2)
+    recorder.flush()
+    samples = scrape(node.collector)
+    assert value(samples, "rbln_device_plugin_scan_duration_seconds_count") == 1  # the refused ones dropped
+    assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="failure") == 0
+    assert value(samples, "rbln_device_plugin_rbln_smi_failures_total", command="group-create") == 0
+    assert len(os.listdir("/proc/self/fd")) - before == 2 * held
+
+
+def test_the_recording_processes_never_import_prometheus_client(tmp_path):
+    """Its package costs a process about 40 ms and 3-4 MB (an HTTP server, email, wsgiref): the scanner and the
+    workers write their value files without it, with metrics on or off; only the watchdog, which serves
+    /metrics, reads them with it."""
     script = f"""
-import pathlib, sys
+import os, pathlib, sys
 from shared.metrics import Result, recorder_for
-import resource_worker.main, scanner.main, resource_worker.servicer
-off = recorder_for(-1, pathlib.Path({str(tmp_path)!r}))
+import resource_worker.main, resource_worker.serving, scanner.main, dra_worker.main
+run_dir = pathlib.Path({str(tmp_path)!r})
+off = recorder_for(-1, run_dir)
 off.load(); off.scan(0.1); off.allocations("rebellions.ai/npu", Result.SUCCESS, [0.1]); off.kubelet_restart()
 off.flush()
-assert off.directory is None and not (pathlib.Path({str(tmp_path)!r}) / "metrics").exists()
-on = recorder_for(51516, pathlib.Path({str(tmp_path)!r}))
-assert on.directory is not None and "prometheus_client" not in sys.modules
-on.scan(0.1)
-assert "prometheus_client" not in sys.modules  # queued: nothing is written before the flush
+assert off.directory is None and not (run_dir / "metrics").exists()
+on = recorder_for(51516, run_dir)
+on.load("rebellions.ai/npu", ["group-create"], dra=True)
+on.scan(0.1); on.allocations("rebellions.ai/npu", Result.SUCCESS, [0.1]); on.rbln_smi("list", 0.2, ok=False)
+on.prepares(Result.FAILURE, 0.3); on.slice_publish(ok=True); on.kubelet_restart()
 on.flush()
-assert "prometheus_client" in sys.modules
+assert sorted(p.name for p in (run_dir / "metrics").iterdir()) == \
+    ["counter_%d.db" % os.getpid(), "histogram_%d.db" % os.getpid()]
+print(sorted(name for name in sys.modules if name.split(".")[0] == "prometheus_client"))
 """
-    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
-def test_recorder_for_points_prometheus_client_at_the_private_metrics_dir(tmp_path):
-    script = f"""
-import os, pathlib, stat
-from shared.metrics import MULTIPROC_ENV, recorder_for
-run_dir = pathlib.Path({str(tmp_path)!r}) / "run"
-recorder = recorder_for(0, run_dir)
-recorder.load()
-directory = run_dir / "metrics"
-assert os.environ[MULTIPROC_ENV] == str(directory)
-assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-recorder.scan(0.25)
-recorder.flush()
-assert sorted(p.name for p in directory.iterdir()) == ["counter_%d.db" % os.getpid(), "histogram_%d.db" % os.getpid()]
-"""
-    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
-
-
-def test_recorder_for_refuses_a_prometheus_client_imported_too_early(tmp_path, monkeypatch):
-    monkeypatch.setattr(values, "ValueClass", values.MutexValue)
-    with pytest.raises(RuntimeError, match="imported before the metrics directory"):
-        recorder_for(0, tmp_path)
+def test_recorder_for_writes_into_the_private_metrics_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    recorder = recorder_for(0, run_dir)
+    directory = run_dir / "metrics"
+    assert recorder.directory == directory and stat.S_IMODE(directory.stat().st_mode) == 0o700
+    recorder.scan(0.25)
+    recorder.flush()
+    assert sorted(p.name for p in directory.iterdir()) == [f"counter_{os.getpid()}.db", f"histogram_{os.getpid()}.db"]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in directory.iterdir())
 
 
 def test_the_stack_starts_with_an_empty_metrics_dir_or_none(tmp_path):

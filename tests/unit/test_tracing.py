@@ -59,7 +59,7 @@ for endpoint in ("", "not an endpoint"):
             span.rsd_group("/dev/rsd1")
         trace.refused([["rbln9"]], ValueError("unknown"))
     tracer.shutdown()
-print(sorted(name for name in sys.modules if name.startswith(("opentelemetry.sdk", "opentelemetry.exporter"))))
+print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
