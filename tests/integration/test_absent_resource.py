@@ -29,9 +29,9 @@ from tests.support.ports import free_port
 NPU = Resource.NPU.value
 TIMEOUT = 30.0
 SCAN_INTERVAL = "5s"
-# What serving needs, and only serving: gRPC and the API, the tracer (and with an endpoint the SDK), the
-# Allocator and placement.
-SERVING_ONLY = ("grpc", "opentelemetry", "shared.tracing", "shared.deviceplugin", "resource_worker.serving",
+# What serving needs, and only serving: gRPC (and the asyncio it imports) and the API, the tracer (and with an
+# endpoint the SDK), the Allocator and placement.
+SERVING_ONLY = ("grpc", "asyncio", "opentelemetry", "shared.tracing", "shared.deviceplugin", "resource_worker.serving",
                 "resource_worker.plugin_server", "resource_worker.allocation", "resource_worker.placement")
 # Never imported by a worker: the value files are written without it.
 NEVER = ("prometheus_client",)
