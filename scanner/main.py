@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import secrets
+import os
 import time
 
 import zmq
@@ -101,7 +101,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
     remove_stale_specs(settings.cdi_root)
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
     # Any value the scanner never had before: `uuid` would add some 4 ms to its start for one random string.
-    epoch = secrets.token_hex(16)
+    epoch = os.urandom(16).hex()
     sequence = {resource: 0 for resource in Resource}
     reporter = ScanReporter()
     labeller = (NodeLabeller(FeatureFile(settings.nfd_feature_file, settings.device_scan_interval))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pathlib
 import re
-import secrets
 
 from shared.resources import Resource
 
@@ -40,7 +39,7 @@ def socket_pattern(resource: Resource) -> re.Pattern[str]:
 def new_socket_name(resource: Resource) -> str:
     """A name no earlier instance had: the kubelet tells instances apart by their socket path. Short,
     because the kubelet's directory and the name must fit a unix socket path together."""
-    return _socket_name(resource, secrets.token_hex(_TAG_BYTES))
+    return _socket_name(resource, os.urandom(_TAG_BYTES).hex())
 
 
 def longest_socket_name() -> str:

@@ -19,7 +19,6 @@ import base64
 import dataclasses
 import os
 import pathlib
-import secrets
 import socket
 import struct
 import time
@@ -55,7 +54,7 @@ def write_credentials(run_dir: pathlib.Path) -> None:
     path = run_dir / CREDENTIALS_FILE
     # Hex digits only: nothing for the INI parser's %-interpolation to expand.
     text = (f"; Written by `rbln-device-plugin run` at each start: supervisord's socket credentials.\n"
-            f"[{_SECTION}]\nusername={USERNAME}\npassword={secrets.token_hex(32)}\n")
+            f"[{_SECTION}]\nusername={USERNAME}\npassword={os.urandom(32).hex()}\n")
     fd = safe_open.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, RUN_DIR_ENV,
                              forbidden=safe_open.OTHERS_ANY)
     with os.fdopen(fd, "w") as handle:

@@ -33,10 +33,12 @@ threading.Thread(target=watch, daemon=True).start()
 sys.argv = ["scanner"]
 runpy.run_module("scanner", run_name="__main__", alter_sys=True)
 """
-# asyncio (loguru's, shared/loguru_asyncio.py) and what it brings; uuid (platform); PyYAML, for a YAML CDI spec
+# asyncio (loguru's, shared/loguru_asyncio.py) and what it brings; OpenSSL's hashes (hashlib, hmac: the
+# random names need only os.urandom); uuid (platform); PyYAML, for a YAML CDI spec
 # only (the node has none); the other programs' own libraries and code; the web's modules.
-NEVER = ("asyncio", "ssl", "concurrent", "uuid", "yaml", "grpc", "google.protobuf", "opentelemetry", "email", "http",
-         "xmlrpc", "resource_worker", "kubelet_watchdog", "dra_worker", "rbln_device_plugin")
+NEVER = ("asyncio", "ssl", "_hashlib", "hmac", "concurrent", "uuid", "yaml", "grpc", "google.protobuf",
+         "opentelemetry", "email", "http", "xmlrpc", "resource_worker", "kubelet_watchdog", "dra_worker",
+         "rbln_device_plugin")
 
 
 def _loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:

@@ -20,7 +20,7 @@ def _python(code: str, **env: str) -> str:
 
 
 def test_the_installed_loguru_is_the_one_it_stands_in_for():
-    # Fails when loguru is upgraded: read the new loguru/_asyncio_loop.py, then add its digest.
+    # Fails when loguru is upgraded: read the new loguru/_asyncio_loop.py, then add its (length, CRC-32).
     assert _python("""
         from shared import loguru_asyncio
         print(loguru_asyncio.install())
