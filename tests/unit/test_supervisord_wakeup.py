@@ -1,0 +1,75 @@
+"""shared/supervisord/wakeup.py on its own: the dispatcher it puts into a socket map, and its factory's
+failure mode (supervisord itself runs it in tests/integration/test_supervisord_wakeup.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import types
+
+import pytest
+
+from shared.supervisord import wakeup
+
+
+@pytest.fixture
+def socket_map():
+    entries: dict = {}
+    yield entries
+    for dispatcher in entries.values():
+        dispatcher.close()
+
+
+def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(socket_map):
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        dispatcher = wakeup.install(socket_map)
+        assert socket_map == {dispatcher.read_fd: dispatcher}
+        assert dispatcher.readable() and not dispatcher.writable()
+        assert os.read(dispatcher.read_fd, 16) == b"\0"  # the first poll returns at once
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert os.read(dispatcher.read_fd, 16) == bytes([signal.SIGUSR1])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_read_event_empties_the_pipe_and_leaves_it_open(socket_map):
+    dispatcher = wakeup.install(socket_map)
+    os.write(dispatcher.write_fd, b"\x11" * 5000)
+    dispatcher.handle_read_event()
+    with pytest.raises(BlockingIOError):
+        os.read(dispatcher.read_fd, 1)
+    assert dispatcher.readable()
+
+
+def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(socket_map):
+    failed = wakeup.install(socket_map)
+    failed.handle_error()
+    assert not failed.readable()
+    with pytest.raises(OSError):
+        os.fstat(failed.read_fd)
+    ended = wakeup.install(socket_map)
+    os.close(ended.write_fd)  # as supervisord's reload closes every descriptor from 5 up
+    reused = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: the write end's
+    try:
+        ended.handle_read_event()
+        assert not ended.readable()
+        os.fstat(reused)  # still open: only the read end was closed
+    finally:
+        os.close(reused)
+    assert signal.set_wakeup_fd(-1) == -1  # the interpreter no longer writes to a closed pipe
+
+
+def test_installing_again_replaces_the_earlier_dispatcher(socket_map):
+    first = wakeup.install(socket_map)
+    second = wakeup.install(socket_map)
+    assert list(socket_map.values()) == [second]
+    first.close()
+
+
+def test_the_factory_never_raises_and_says_once_why_the_loop_stays_slow():
+    warnings: list[str] = []
+    options = types.SimpleNamespace(logger=types.SimpleNamespace(warn=warnings.append))  # no get_socket_map
+    interface = wakeup.make_wakeup_rpcinterface(types.SimpleNamespace(options=options))
+    assert interface.installed() is False
+    assert len(warnings) == 1 and "get_socket_map" in warnings[0]
