@@ -3,7 +3,8 @@ loop, tests/support/supervisord_probe.py) with the hook configured as supervisor
 
 Without the hook, supervisord polls with a one-second timeout and acts only after a poll returns: it
 starts its programs after its first poll times out, and it reaps a child whose exit made no descriptor
-ready after the poll in progress times out. So each check is an order of events, not a duration: the
+ready after the poll in progress times out; stopping, it spends a poll on every program group, even one
+with nothing to stop. So each check is an order of events, not a duration: the
 spawn or the reap comes with no poll that timed out before it."""
 
 from __future__ import annotations
@@ -77,9 +78,16 @@ class ProbedSupervisord:
             """) + _wakeup_section() + textwrap.dedent(f"""
             [program:silent]
             command={sys.executable} {run_dir}/silent.py {self.closed}
+            priority=1
             autorestart=false
             startsecs=0
             stopwaitsecs=10
+
+            ; Never started, and stopped first (highest priority): a group with nothing to stop.
+            [program:idle]
+            command={sys.executable} -c pass
+            priority=2
+            autostart=false
             """))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.supervisord_probe", "-n", "-c", str(conf)],
@@ -140,18 +148,23 @@ def test_supervisord_starts_its_programs_at_its_first_poll(probed):
     assert NO_HOOK not in supervisord.log.read_text()
 
 
-@pytest.mark.parametrize("ending", ["the program killed", "supervisord stopped"])
-def test_a_programs_exit_is_reaped_at_the_wake_it_causes_not_after_a_timeout(probed, ending):
+def test_a_programs_exit_is_reaped_at_the_wake_it_causes_not_after_a_timeout(probed):
     supervisord = probed()
     pid = supervisord.program_pid()
     since = len(supervisord.records())
-    if ending == "the program killed":
-        os.kill(pid, signal.SIGKILL)
-    else:  # supervisord's SIGTERM wakes it; it then stops the program, whose exit wakes it again
-        supervisord.process.send_signal(signal.SIGTERM)
-    polls = supervisord.polls_before_reaping(pid, since)
-    assert "timed out" not in polls
+    os.kill(pid, signal.SIGKILL)
+    assert "timed out" not in supervisord.polls_before_reaping(pid, since)
     assert supervisord.stop() == 0
+
+
+def test_stopping_supervisord_passes_a_group_with_nothing_to_stop_and_exits_at_the_last_exit(probed):
+    supervisord = probed()
+    pid = supervisord.program_pid()
+    since = len(supervisord.records())
+    # supervisord's SIGTERM wakes it; it passes the idle group, stops the program, whose exit wakes it.
+    assert supervisord.stop() == 0
+    records = supervisord.records()[since:]
+    assert f"reaped {pid}" in records and "timed out" not in records
 
 
 def test_a_hook_that_cannot_install_leaves_supervisord_running_as_before_with_one_line(probed):

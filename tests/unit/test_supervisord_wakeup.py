@@ -12,19 +12,41 @@ import pytest
 from shared.supervisord import wakeup
 
 
+class Group:
+    """A stand-in of supervisord's ProcessGroup: only what the hook asks of one."""
+
+    def __init__(self, unstopped: list[str]) -> None:
+        self.unstopped = unstopped
+
+    def get_unstopped_processes(self) -> list[str]:
+        return self.unstopped
+
+
 @pytest.fixture
-def socket_map():
+def supervisord():
+    """A stand-in of supervisord's Supervisor: its socket map, and its groups still to stop (None until it stops)."""
     entries: dict = {}
-    yield entries
+    yield types.SimpleNamespace(options=types.SimpleNamespace(get_socket_map=lambda: entries), stop_groups=None)
     for dispatcher in entries.values():
         dispatcher.close()
 
 
-def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(socket_map):
+def socket_map(supervisord) -> dict:
+    return supervisord.options.get_socket_map()
+
+
+def pending(dispatcher) -> bytes:
+    try:
+        return os.read(dispatcher.read_fd, 1 << 16)
+    except BlockingIOError:
+        return b""
+
+
+def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(supervisord):
     previous = signal.signal(signal.SIGUSR1, lambda *_: None)
     try:
-        dispatcher = wakeup.install(socket_map)
-        assert socket_map == {dispatcher.read_fd: dispatcher}
+        dispatcher = wakeup.install(supervisord)
+        assert socket_map(supervisord) == {dispatcher.read_fd: dispatcher}
         assert dispatcher.readable() and not dispatcher.writable()
         assert os.read(dispatcher.read_fd, 16) == b"\0"  # the first poll returns at once
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -33,8 +55,8 @@ def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(s
         signal.signal(signal.SIGUSR1, previous)
 
 
-def test_a_read_event_empties_the_pipe_and_leaves_it_open(socket_map):
-    dispatcher = wakeup.install(socket_map)
+def test_a_read_event_empties_the_pipe_and_leaves_it_open(supervisord):
+    dispatcher = wakeup.install(supervisord)
     os.write(dispatcher.write_fd, b"\x11" * 5000)
     dispatcher.handle_read_event()
     with pytest.raises(BlockingIOError):
@@ -42,13 +64,13 @@ def test_a_read_event_empties_the_pipe_and_leaves_it_open(socket_map):
     assert dispatcher.readable()
 
 
-def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(socket_map):
-    failed = wakeup.install(socket_map)
+def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(supervisord):
+    failed = wakeup.install(supervisord)
     failed.handle_error()
     assert not failed.readable()
     with pytest.raises(OSError):
         os.fstat(failed.read_fd)
-    ended = wakeup.install(socket_map)
+    ended = wakeup.install(supervisord)
     os.close(ended.write_fd)  # as supervisord's reload closes every descriptor from 5 up
     reused = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: the write end's
     try:
@@ -60,10 +82,10 @@ def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(
     assert signal.set_wakeup_fd(-1) == -1  # the interpreter no longer writes to a closed pipe
 
 
-def test_installing_again_replaces_the_earlier_dispatcher(socket_map):
-    first = wakeup.install(socket_map)
-    second = wakeup.install(socket_map)
-    assert list(socket_map.values()) == [second]
+def test_installing_again_replaces_the_earlier_dispatcher(supervisord):
+    first = wakeup.install(supervisord)
+    second = wakeup.install(supervisord)
+    assert list(socket_map(supervisord).values()) == [second]
     first.close()
 
 
@@ -73,3 +95,22 @@ def test_the_factory_never_raises_and_says_once_why_the_loop_stays_slow():
     interface = wakeup.make_wakeup_rpcinterface(types.SimpleNamespace(options=options))
     assert interface.installed() is False
     assert len(warnings) == 1 and "get_socket_map" in warnings[0]
+
+
+def test_stopping_the_poll_returns_at_once_when_the_group_in_turn_has_nothing_left_to_stop(supervisord):
+    dispatcher = wakeup.install(supervisord)
+    pending(dispatcher)
+    assert dispatcher.readable() and pending(dispatcher) == b""  # not stopping: the poll waits
+    supervisord.stop_groups = [Group([]), Group(["worker-npu"])]
+    assert dispatcher.readable() and pending(dispatcher) == b""  # a program to wait for
+    supervisord.stop_groups.pop()
+    assert dispatcher.readable() and pending(dispatcher) == b"\0"  # nothing to wait for: on to the next
+    supervisord.stop_groups.pop()
+    assert dispatcher.readable() and pending(dispatcher) == b""  # none left
+
+
+def test_a_supervisord_without_stop_groups_is_stopped_at_its_own_pace_and_never_broken(supervisord):
+    del supervisord.stop_groups
+    dispatcher = wakeup.install(supervisord)
+    pending(dispatcher)
+    assert dispatcher.readable() and dispatcher.readable() and pending(dispatcher) == b""
