@@ -1,6 +1,6 @@
 """Wake supervisord's main loop as soon as it has work, rather than at its next one-second poll.
 
-supervisord (4.2, 4.3) runs one loop: poll its descriptors with a fixed timeout of 1 s, then start
+supervisord (4.3) runs one loop: poll its descriptors with a fixed timeout of 1 s, then start
 the programs due to start, reap the children that exited and act on the signals it received. Its
 signal handlers only note the signal, and the poll goes on after one (PEP 475). So it spawns the
 programs one poll after it is up, and stopping the stack it notices each stopped program's exit at
@@ -46,6 +46,9 @@ class _SignalWakeup:
         self.write_fd = write_fd
         self._open = True
         self._follows_stop = True
+
+    def wakes(self, supervisord: Any) -> bool:
+        return self._open and self._supervisord is supervisord
 
     def readable(self) -> bool:
         # The loop asks just before it polls, after it stopped the group in turn (if stopping).
@@ -116,11 +119,14 @@ class WakeupRPCInterface:
 
 
 def install(supervisord: Any) -> _SignalWakeup:
-    """Put a signal wakeup pipe into supervisord's socket map, one byte in it; replaces any earlier one
-    (a reload: supervisord closed that one's descriptors before starting again)."""
+    """Put a signal wakeup pipe into supervisord's socket map, one byte in it. supervisord calls the factory
+    once per HTTP server it serves: the second call finds the pipe in place. A reload (a new Supervisor)
+    replaces the earlier one, whose descriptors supervisord closed before starting again."""
     socket_map = supervisord.options.get_socket_map()
     for fd, dispatcher in list(socket_map.items()):
         if isinstance(dispatcher, _SignalWakeup):
+            if dispatcher.wakes(supervisord):
+                return dispatcher
             del socket_map[fd]
     read_fd, write_fd = os.pipe()
     try:

@@ -82,9 +82,11 @@ def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(
     assert signal.set_wakeup_fd(-1) == -1  # the interpreter no longer writes to a closed pipe
 
 
-def test_installing_again_replaces_the_earlier_dispatcher(supervisord):
+def test_a_second_http_server_finds_the_pipe_in_place_and_a_reload_replaces_it(supervisord):
     first = wakeup.install(supervisord)
-    second = wakeup.install(supervisord)
+    assert wakeup.install(supervisord) is first
+    reloaded = types.SimpleNamespace(options=supervisord.options, stop_groups=None)  # a new Supervisor
+    second = wakeup.install(reloaded)
     assert list(socket_map(supervisord).values()) == [second]
     first.close()
 
