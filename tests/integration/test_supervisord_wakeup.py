@@ -29,13 +29,18 @@ NO_HOOK = "cannot wake supervisord's loop"
 
 # A program that closes its standard streams (supervisord sees them end long before the program does),
 # says so with a file, and waits for a signal to end it: its exit readies no descriptor of supervisord's.
+# Stubborn, it ignores SIGTERM: supervisord kills it after stopwaitsecs.
 SILENT_PROGRAM = """\
 import os, pathlib, signal, sys
+if sys.argv[2] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 for fd in (0, 1, 2):
     os.close(fd)
 pathlib.Path(sys.argv[1]).touch()
-signal.pause()
+while True:
+    signal.pause()
 """
+STOPWAITSECS = 2
 
 
 def _wakeup_section() -> str:
@@ -49,7 +54,7 @@ def _wakeup_section() -> str:
 class ProbedSupervisord:
     """supervisord running SILENT_PROGRAM, its loop's events read from the probe's records."""
 
-    def __init__(self, run_dir: pathlib.Path, **env: str) -> None:
+    def __init__(self, run_dir: pathlib.Path, temper: str = "silent", **env: str) -> None:
         self.run_dir = run_dir
         self.records_path = run_dir / "records"
         self.closed = run_dir / "streams-closed"
@@ -77,11 +82,11 @@ class ProbedSupervisord:
 
             """) + _wakeup_section() + textwrap.dedent(f"""
             [program:silent]
-            command={sys.executable} {run_dir}/silent.py {self.closed}
+            command={sys.executable} {run_dir}/silent.py {self.closed} {temper}
             priority=1
             autorestart=false
             startsecs=0
-            stopwaitsecs=10
+            stopwaitsecs={STOPWAITSECS}
 
             ; Never started, and stopped first (highest priority): a group with nothing to stop.
             [program:idle]
@@ -125,8 +130,8 @@ class ProbedSupervisord:
 def probed(short_tmp):
     started: list[ProbedSupervisord] = []
 
-    def start(**env: str) -> ProbedSupervisord:
-        started.append(ProbedSupervisord(short_tmp, **env))
+    def start(temper: str = "silent", **env: str) -> ProbedSupervisord:
+        started.append(ProbedSupervisord(short_tmp, temper, **env))
         return started[-1]
 
     yield start
@@ -165,6 +170,17 @@ def test_stopping_supervisord_passes_a_group_with_nothing_to_stop_and_exits_at_t
     assert supervisord.stop() == 0
     records = supervisord.records()[since:]
     assert f"reaped {pid}" in records and "timed out" not in records
+
+
+def test_stopping_a_program_that_ignores_sigterm_the_loop_waits_at_its_pace_without_spinning(probed):
+    supervisord = probed("stubborn")
+    pid = supervisord.program_pid()
+    since = len(supervisord.records())
+    assert supervisord.stop() == 0  # supervisord killed the program after stopwaitsecs
+    polls = [line for line in supervisord.records()[since:] if line in ("woken", "timed out")]
+    assert f"reaped {pid}" in supervisord.records()
+    # While it waited, the loop polled at its own one-second pace: a few polls, not a spin.
+    assert polls.count("timed out") >= STOPWAITSECS - 1 and len(polls) <= 4 * STOPWAITSECS + 4
 
 
 def test_a_hook_that_cannot_install_leaves_supervisord_running_as_before_with_one_line(probed):
