@@ -158,6 +158,11 @@ def parent_pid(pid: int) -> int:
     return int(_stat_fields(pid)[1])
 
 
+def start_ticks(pid: int) -> int:
+    """When the process was forked, in clock ticks since boot (stat(5) field 22; an exec keeps it)."""
+    return int(_stat_fields(pid)[22 - 3])
+
+
 def stack_processes(supervisord: int) -> list[int]:
     """supervisord and its programs. Tools they run (rbln-smi) are not listed: their CPU is in
     their parent's cutime/cstime once reaped."""

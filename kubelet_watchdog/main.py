@@ -19,7 +19,7 @@ from shared import process_status
 from shared.cdi_specs import remove_stale_specs
 from shared.config import ResourceApi, Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
-from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.programs import SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
@@ -187,3 +187,4 @@ def main() -> None:
         metrics.stop()
         health.stop()
     logger.info("Shutdown")
+    exit_now(shutdown)

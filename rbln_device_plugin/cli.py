@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from typing import NamedTuple
 
 from shared.version import VERSION
 
@@ -16,10 +18,36 @@ class _StderrParser(argparse.ArgumentParser):
             sys.stderr.write(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from rbln_device_plugin import logs, simulate, status, topology
+class Command(NamedTuple):
+    """A command: its help line, the module that defines it, and that module's functions that add its
+    arguments and run it (returning the exit code, or not at all)."""
+
+    summary: str
+    module: str
+    add_arguments: str
+    run: str
+
+
+# A command's module is imported only when the parser needs that command: `run`, the container's
+# entrypoint, then loads none of the others (simulate alone brings gRPC, the kubelet simulator and
+# the node builder), and supervisord starts that much sooner.
+COMMANDS = {
+    "run": Command("run the stack in the foreground under supervisord (the entrypoint)",
+                   "rbln_device_plugin.run", "add_run_flags", "run"),
+    "simulate": Command("run the stack on a simulated node with a simulated kubelet",
+                        "rbln_device_plugin.simulate", "add_arguments", "simulate"),
+    "status": Command("show each process's state and each resource's registration",
+                      "rbln_device_plugin.status", "add_arguments", "run"),
+    "logs": Command("show one process's records from its log files, for a person",
+                    "rbln_device_plugin.logs", "add_arguments", "run"),
+    "topology": Command("draw the node's PCI forest as placement sees it",
+                        "rbln_device_plugin.topology", "add_arguments", "run"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only`, the same parser knowing that one command alone."""
     from rbln_device_plugin.original_cli import ORIGINAL_FLAGS
-    from rbln_device_plugin.run import add_run_flags
 
     parser = _StderrParser(prog="rbln-device-plugin",
                            description="Kubernetes device plugin for Rebellions NPUs.",
@@ -28,15 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "--flag value forms), it runs the stack as `run` does.")
     parser.add_argument("--version", action="version", version=f"rbln-device-plugin {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_StderrParser)
-    add_run_flags(commands.add_parser("run", help="run the stack in the foreground under supervisord "
-                                                  "(the entrypoint)"))
-    simulate.add_arguments(commands.add_parser("simulate", help="run the stack on a simulated node with a "
-                                                                "simulated kubelet"))
-    status.add_arguments(commands.add_parser("status", help="show each process's state and each resource's "
-                                                            "registration"))
-    logs.add_arguments(commands.add_parser("logs", help="show one process's records from its log files, "
-                                                        "for a person"))
-    topology.add_arguments(commands.add_parser("topology", help="draw the node's PCI forest as placement sees it"))
+    for name, command in COMMANDS.items():
+        if only in (None, name):
+            add_arguments = getattr(importlib.import_module(command.module), command.add_arguments)
+            add_arguments(commands.add_parser(name, help=command.summary))
     return parser
 
 
@@ -47,24 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     if original_cli.applies(argv):
         original_cli.run_command_line(argv, build_parser)
         return
-    args = build_parser().parse_args(argv)
-    if args.command == "run":
-        from rbln_device_plugin.run import run
-
-        run(args)
-    elif args.command == "simulate":
-        from rbln_device_plugin.simulate import simulate
-
-        raise SystemExit(simulate(args))
-    elif args.command == "status":
-        from rbln_device_plugin.status import run as show_status
-
-        raise SystemExit(show_status(args))
-    elif args.command == "logs":
-        from rbln_device_plugin.logs import run as show_logs
-
-        raise SystemExit(show_logs(args))
-    elif args.command == "topology":
-        from rbln_device_plugin.topology import run as show_topology
-
-        raise SystemExit(show_topology(args))
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
+    command = COMMANDS[args.command]
+    result = getattr(importlib.import_module(command.module), command.run)(args)
+    if args.command != "run":  # run execs supervisord; the others return their exit code
+        raise SystemExit(result)

@@ -18,7 +18,7 @@ from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, Settings
 from shared.device_health import Health, HealthHistory
 from shared.metrics import Recorder, recorder_for
-from shared.process_lifecycle import ShutdownSignal, start_process
+from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.programs import SCANNER
 from shared.rbln_smi import RblnSmi, SmiCommand
 from shared.resources import Resource
@@ -148,3 +148,4 @@ def main() -> None:
     shutdown = ShutdownSignal().install()
     run(settings, shutdown, recorder_for(settings.metrics_port, settings.run_dir))
     logger.info("Shutdown")
+    exit_now(shutdown)

@@ -71,7 +71,7 @@ class ShutdownSignal:
         self._listeners: list[Callable[[], None]] = []
         # Readable once shutdown is requested, for loops that wait in select().
         self._ready_read, self._ready_write = os.pipe()
-        # Clear while the thread tells supervisord and the siblings that the stack is stopping.
+        # Clear while the thread tells supervisord that the stack is stopping.
         self._stack_told = threading.Event()
         self._stack_told.set()
         self.signal_name: str | None = None
@@ -105,7 +105,7 @@ class ShutdownSignal:
         # supervisord must hear from us before we are gone (see stop_with_the_stack).
         self._stack_told.wait(_TELL_STACK_SECONDS)
         # The interpreter now puts Python-level handlers back to the default action, which
-        # would let a late duplicate (siblings and supervisord all send one) kill the process
+        # would let a late duplicate (supervisord's, or one from the shell) kill the process
         # with a signal status instead of its own exit code. An ignored signal stays ignored.
         for signum in SHUTDOWN_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
@@ -154,47 +154,23 @@ def exit_now(shutdown: ShutdownSignal, code: int = 0) -> NoReturn:
     os._exit(code)
 
 
-def _children(parent: int) -> list[int]:
-    """The pids of `parent`'s children, from /proc."""
-    children = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue  # it exited meanwhile
-        if int(fields[1]) == parent:
-            children.append(int(entry.name))
-    return children
-
-
 def stop_with_the_stack(environ: Mapping[str, str]) -> None:
-    """When supervisord is stopping every program, make the stop quick and final.
+    """When supervisord is stopping every program, make the stop final.
 
-    Final: supervisord stops all its programs both to exit (SIGTERM, SIGINT,
-    SIGQUIT) and to reload (SIGHUP), and after a reload it starts them all again.
-    For this stack each of those signals means the pod is going away, so the
-    first program that learns of it sends supervisord SIGTERM: that turns a
-    reload into a shutdown and changes nothing in a shutdown.
+    supervisord stops all its programs both to exit (SIGTERM, SIGINT, SIGQUIT)
+    and to reload (SIGHUP), and after a reload it starts them all again. For this
+    stack each of those signals means the pod is going away, so the first program
+    that learns of it sends supervisord SIGTERM: that turns a reload into a
+    shutdown and changes nothing in a shutdown.
 
-    Quick: supervisord stops one program at a time and, after each, may wait up
-    to a second in its loop before it notices the exit. So the program also
-    signals its siblings (supervisord's other children) at once; they stop in
-    parallel, and supervisord finds them already stopped.
+    The siblings are left to supervisord, which stops them one after the other in
+    supervisor.conf's order, each as soon as the one before has exited
+    (shared/supervisord/wakeup.py).
     """
     if "SUPERVISOR_SERVER_URL" not in environ:
         return  # not a program of supervisord
     run_dir = pathlib.Path(environ["SUPERVISOR_SERVER_URL"].removeprefix("unix://")).parent
     supervisord = os.getppid()
     # Only our own parent, proven by the socket it answers on, never whatever adopted an orphan.
-    if transport.stopping_supervisord(run_dir, _TELL_STACK_SECONDS) != supervisord:
-        return
-    os.kill(supervisord, signal.SIGTERM)
-    for sibling in _children(supervisord):
-        if sibling != os.getpid():
-            try:
-                os.kill(sibling, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    if transport.stopping_supervisord(run_dir, _TELL_STACK_SECONDS) == supervisord:
+        os.kill(supervisord, signal.SIGTERM)

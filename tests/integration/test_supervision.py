@@ -12,7 +12,8 @@ import time
 import grpc
 import pytest
 
-from shared.programs import PROGRAMS, WORKERS
+from shared.log import parse_timestamp
+from shared.programs import PROGRAMS, SCANNER, WATCHDOG, WORKERS
 from shared.resources import Resource
 from shared.supervisord.client import server_proxy
 from simulator.kubelet import KubeletSimulator
@@ -225,9 +226,17 @@ def test_a_stop_signal_to_supervisord_stops_the_whole_stack_cleanly(make_node, k
     # The watchdog, started last, serves nothing the kubelet waits for: let it start before the stop.
     stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
     pids = {name: info["pid"] for name, info in program_info(node).items()}
+    assert server_proxy(node.run_dir).wakeup.installed() is True  # supervisor.conf's hook in place
     started = time.monotonic()
     assert stack.stop(signum) == 0
     assert time.monotonic() - started < 10
+    # One program at a time, each signalled once the one before has exited: the watchdog first, so that
+    # nothing restarts anything, then the workers, then the scanner, whose inventory they served.
+    stops = sorted((parse_timestamp(r["ts"]), r["process"], r["msg"]) for r in stack.records
+                   if r["msg"] in ("Shutdown signal received", "Shutdown"))
+    order = [process for _ts, process, msg in stops if msg == "Shutdown"]
+    assert [msg for _ts, _process, msg in stops] == ["Shutdown signal received", "Shutdown"] * len(PROGRAMS)
+    assert order[0] == WATCHDOG and set(order[1:-1]) == set(WORKERS) and order[-1] == SCANNER
     # SIGHUP means reload to supervisord; here it stopped everything and started nothing again.
     assert any(f"received {signum.name}" in line for line in stack.stderr_lines)
     for process in PROGRAMS:

@@ -8,6 +8,8 @@ program outside the repository.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -184,3 +186,21 @@ def test_the_named_commands_still_parse_as_before(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["start"])
     assert exited.value.code == 2 and "invalid choice: 'start'" in capsys.readouterr().err
+
+
+def test_run_loads_no_other_command_and_parses_as_the_whole_command_line_does():
+    # A fresh interpreter: what `rbln-device-plugin run` imports before it execs supervisord.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; from rbln_device_plugin import cli; "
+                               "cli.build_parser('run').parse_args(['run']); print(' '.join(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    others = [f"rbln_device_plugin.{name}" for name in cli.COMMANDS if name != "run"]
+    assert not {*others, "grpc", "simulator.kubelet", "loguru"} & set(loaded)
+    assert "rbln_device_plugin.run" in loaded
+
+    def run_help(parser):
+        (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+        return commands.choices["run"].format_help()
+
+    assert run_help(cli.build_parser("run")) == run_help(cli.build_parser())
+    assert set(run_help(cli.build_parser()).split()) >= {"--cdi-root", "--run-dir"}

@@ -1,0 +1,118 @@
+"""shared/supervisord/wakeup.py on its own: the dispatcher it puts into a socket map, and its factory's
+failure mode (supervisord itself runs it in tests/integration/test_supervisord_wakeup.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import types
+
+import pytest
+
+from shared.supervisord import wakeup
+
+
+class Group:
+    """A stand-in of supervisord's ProcessGroup: only what the hook asks of one."""
+
+    def __init__(self, unstopped: list[str]) -> None:
+        self.unstopped = unstopped
+
+    def get_unstopped_processes(self) -> list[str]:
+        return self.unstopped
+
+
+@pytest.fixture
+def supervisord():
+    """A stand-in of supervisord's Supervisor: its socket map, and its groups still to stop (None until it stops)."""
+    entries: dict = {}
+    yield types.SimpleNamespace(options=types.SimpleNamespace(get_socket_map=lambda: entries), stop_groups=None)
+    for dispatcher in entries.values():
+        dispatcher.close()
+
+
+def socket_map(supervisord) -> dict:
+    return supervisord.options.get_socket_map()
+
+
+def pending(dispatcher) -> bytes:
+    try:
+        return os.read(dispatcher.read_fd, 1 << 16)
+    except BlockingIOError:
+        return b""
+
+
+def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(supervisord):
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        dispatcher = wakeup.install(supervisord)
+        assert socket_map(supervisord) == {dispatcher.read_fd: dispatcher}
+        assert dispatcher.readable() and not dispatcher.writable()
+        assert os.read(dispatcher.read_fd, 16) == b"\0"  # the first poll returns at once
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert os.read(dispatcher.read_fd, 16) == bytes([signal.SIGUSR1])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_read_event_empties_the_pipe_and_leaves_it_open(supervisord):
+    dispatcher = wakeup.install(supervisord)
+    os.write(dispatcher.write_fd, b"\x11" * 5000)
+    dispatcher.handle_read_event()
+    with pytest.raises(BlockingIOError):
+        os.read(dispatcher.read_fd, 1)
+    assert dispatcher.readable()
+
+
+def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(supervisord):
+    failed = wakeup.install(supervisord)
+    failed.handle_error()
+    assert not failed.readable()
+    with pytest.raises(OSError):
+        os.fstat(failed.read_fd)
+    ended = wakeup.install(supervisord)
+    os.close(ended.write_fd)  # as supervisord's reload closes every descriptor from 5 up
+    reused = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: the write end's
+    try:
+        ended.handle_read_event()
+        assert not ended.readable()
+        os.fstat(reused)  # still open: only the read end was closed
+    finally:
+        os.close(reused)
+    assert signal.set_wakeup_fd(-1) == -1  # the interpreter no longer writes to a closed pipe
+
+
+def test_a_second_http_server_finds_the_pipe_in_place_and_a_reload_replaces_it(supervisord):
+    first = wakeup.install(supervisord)
+    assert wakeup.install(supervisord) is first
+    reloaded = types.SimpleNamespace(options=supervisord.options, stop_groups=None)  # a new Supervisor
+    second = wakeup.install(reloaded)
+    assert list(socket_map(supervisord).values()) == [second]
+    first.close()
+
+
+def test_the_factory_never_raises_and_says_once_why_the_loop_stays_slow():
+    warnings: list[str] = []
+    options = types.SimpleNamespace(logger=types.SimpleNamespace(warn=warnings.append))  # no get_socket_map
+    interface = wakeup.make_wakeup_rpcinterface(types.SimpleNamespace(options=options))
+    assert interface.installed() is False
+    assert len(warnings) == 1 and "get_socket_map" in warnings[0]
+
+
+def test_stopping_the_poll_returns_at_once_when_the_group_in_turn_has_nothing_left_to_stop(supervisord):
+    dispatcher = wakeup.install(supervisord)
+    pending(dispatcher)
+    assert dispatcher.readable() and pending(dispatcher) == b""  # not stopping: the poll waits
+    supervisord.stop_groups = [Group([]), Group(["worker-npu"])]
+    assert dispatcher.readable() and pending(dispatcher) == b""  # a program to wait for
+    supervisord.stop_groups.pop()
+    assert dispatcher.readable() and pending(dispatcher) == b"\0"  # nothing to wait for: on to the next
+    supervisord.stop_groups.pop()
+    assert dispatcher.readable() and pending(dispatcher) == b""  # none left
+
+
+def test_a_supervisord_without_stop_groups_is_stopped_at_its_own_pace_and_never_broken(supervisord):
+    del supervisord.stop_groups
+    dispatcher = wakeup.install(supervisord)
+    pending(dispatcher)
+    assert dispatcher.readable() and dispatcher.readable() and pending(dispatcher) == b""
