@@ -27,11 +27,12 @@ if TYPE_CHECKING:
     from kubelet_watchdog.metrics_server import MetricsEndpoint
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
-# notice a FATAL program. Asking supervisord costs this process and supervisord about 2 ms of CPU; reading a
-# status file again a tenth of that. So supervisord is asked every CHECK_INTERVAL only while the stack is
-# unsettled (a program not running, the scanner not published yet, supervisord not answering); once every
-# program runs, every STEADY_CHECK_INTERVAL (the probes' period: a supervisord that stops answering is
-# noticed by the next probe but one), and at once when a program exits (stack_watch.ProgramExits). The
+# notice a FATAL program. Reading supervisord's table costs this process and supervisord about 2 ms of CPU;
+# reading a status file again a tenth of that. So the table is read every CHECK_INTERVAL only while the
+# stack is unsettled (a program not running, the scanner not published yet, supervisord not answering),
+# and at once when a program exits (stack_watch.ProgramExits). Once every program runs, nothing but an exit
+# changes the table: supervisord is then only asked whether it answers, every STEADY_CHECK_INTERVAL (the
+# probes' period: a supervisord that stops answering is noticed by the next probe but one). The
 # status files are judged again whenever one is replaced and when the scanner's last publication grows
 # too old for liveness (stack_watch.StatusFiles).
 CHECK_INTERVAL = 2.0
@@ -106,6 +107,8 @@ class Watchdog:
         # When supervisord is asked next, and when the status files are judged again before that (monotonic).
         self._next_check = 0.0
         self._next_judgement: float | None = None
+        # Every program of `_programs` runs and is watched for its exit: the table stays current until one does.
+        self._steady = False
         # A replaced status file awaits its judgement: its watch is not selected meanwhile (what comes on it
         # is read by that judgement).
         self._settling = False
@@ -131,6 +134,7 @@ class Watchdog:
         now = time.monotonic()
         if self._exits.exited(readable):
             self._exits.close()  # readable from now on; the check watches the new table
+            self._steady = False
             self._next_check = min(self._next_check, now + EXIT_SETTLE_SECONDS)
         if self._status.fileno() in readable and self._status.changed():
             self._settling = True
@@ -161,18 +165,25 @@ class Watchdog:
             logger.error("Restarting device plugins failed", err=str(exc))
 
     def _check(self) -> None:
-        """Asks supervisord for the program table, then judges the status files by it."""
+        """Asks supervisord for the program table (in a steady stack, only whether it answers), then judges
+        the status files by it."""
         now = time.monotonic()
         self._next_check = now + CHECK_INTERVAL
         self._next_judgement = None
         self._settling = False
+        programs = self._programs if self._steady else None
         self._programs = None
-        self._exits.close()
+        self._steady = False
         try:
-            programs = self._supervisor.programs()
-        except SupervisorStopping:
-            return
+            if programs is None:
+                self._exits.close()
+                programs = self._supervisor.programs()
+            else:
+                self._supervisor.answers()
         except SupervisorError as exc:
+            self._exits.close()
+            if isinstance(exc, SupervisorStopping):
+                return
             # Nothing says the programs run, and nothing could restart them: so that Kubernetes
             # restarts the pod if supervisord stays unreachable past the probes' failure thresholds.
             if self._last_verdicts != (_UNREACHABLE, _UNREACHABLE):
@@ -195,7 +206,8 @@ class Watchdog:
         published = self._judge(programs)
         expected = programs_for(self._settings.resource_api)
         settled = published and all(programs.get(name, {}).get("statename") == "RUNNING" for name in expected)
-        if settled and self._exits.watch(programs, skip=(os.getpid(),)):
+        if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
+            self._steady = True
             self._next_check = now + STEADY_CHECK_INTERVAL
 
     def _judge(self, programs: dict[str, dict]) -> bool:

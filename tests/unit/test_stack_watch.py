@@ -73,7 +73,12 @@ class CountingSupervisor:
     def __init__(self, table):
         self.table = table
         self.asked = 0
+        self.pinged = 0
         self.lock = threading.Lock()
+
+    def answers(self):
+        with self.lock:
+            self.pinged += 1
 
     def programs(self):
         with self.lock:
@@ -172,6 +177,25 @@ def test_a_scanner_that_stops_publishing_ends_liveness_with_no_other_event(short
         assert health.states[0] == (True, True) and supervisor.asked == 1
         _publish(short_tmp)
         wait_until(lambda: health.states[-1] == (True, True), TIMEOUT, "live again at the next publication")
+    finally:
+        shutdown.request()
+        thread.join(TIMEOUT)
+
+
+def test_a_steady_stack_has_supervisord_asked_only_whether_it_answers(short_tmp, monkeypatch):
+    monkeypatch.setattr(watchdog_main, "STEADY_CHECK_INTERVAL", 0.1)
+    _publish(short_tmp)
+    worker = _child()
+    supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, _table(worker_npu=worker.pid))
+    try:
+        wait_until(lambda: supervisor.pinged >= 3, TIMEOUT, "three steady checks")
+        assert supervisor.asked == 1 and health.states == [(True, True)]
+        with supervisor.lock:
+            supervisor.table["worker-npu"] = {"statename": "BACKOFF", "pid": 0, "start": 1000, "now": 1002}
+        worker.kill()
+        worker.wait()
+        wait_until(lambda: health.states[-1] == (False, True), TIMEOUT, "the table read again at the exit")
+        assert supervisor.asked >= 2
     finally:
         shutdown.request()
         thread.join(TIMEOUT)
