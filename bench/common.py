@@ -18,6 +18,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -152,6 +153,17 @@ def cpu_times(pid: int) -> CpuTimes:
     fields = _stat_fields(pid)
     # stat(5): utime, stime, cutime, cstime are fields 14-17; fields[0] is field 3.
     return CpuTimes(*(int(fields[i - 3]) for i in (14, 15, 16, 17)))
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time of process `pid` (all its threads, those that ended too; not its children) to the nanosecond:
+    its CPU clock (clock_getcpuclockid(3)), where /proc/<pid>/stat rounds to clock ticks (10 ms), too coarse
+    for an idle process. ProcessLookupError once it is gone."""
+    # The kernel's clock id of a process's CPU clock: the pid's complement shifted, CPUCLOCK_SCHED (2).
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except OSError as exc:
+        raise ProcessLookupError(pid) from exc
 
 
 def parent_pid(pid: int) -> int:

@@ -18,8 +18,9 @@ installed package keeps its .pyc files.
   sockets removed, `kubelet.sock` created anew) 10 times (5 quick); from the new socket's mtime to the
   Register of the restarted npu worker. `registrations` counts the Register calls per round: exactly
   one is the goal.
-- `lifecycle/idle-cpu`: that stack once settled, utime+stime of supervisord and its programs over 60 s
-  (20 s quick), rbln-smi's own CPU excluded; `lifecycle/idle/<process>` per process.
+- `lifecycle/idle-cpu`: that stack once settled, the CPU time of supervisord and its programs over 60 s
+  (20 s quick), rbln-smi's own CPU excluded; `lifecycle/idle/<process>` per process (`cpu_ms` in the
+  window). Read from each process's CPU clock, to the nanosecond (clock ticks would be 10 ms each).
 - `lifecycle/memory`: Rss and Pss (smaps_rollup) of supervisord and its programs at the end of the idle
   window, in total and per process.
 
@@ -114,20 +115,20 @@ def _reregister(kubelet: KubeletSimulator, devices: int) -> tuple[float, int]:
     return (calls[0].time - created) * 1000, len(calls)
 
 
-def _percent(ticks: int, seconds: float) -> float:
-    return round(100.0 * ticks / common.CLOCK_TICKS / seconds, 3)
+def _percent(cpu_seconds: float, seconds: float) -> float:
+    return round(100.0 * cpu_seconds / seconds, 3)
 
 
 def _idle_and_memory(stack: StackProcess, window: float) -> list[dict]:
     pids = common.stack_processes(stack.pid)
     names = {pid: common.process_name(pid) for pid in pids}
     started = time.monotonic()
-    before = {pid: common.cpu_times(pid) for pid in pids}
+    before = {pid: common.own_cpu_seconds(pid) for pid in pids}
     time.sleep(window)
-    after = {pid: common.cpu_times(pid) for pid in pids}
+    after = {pid: common.own_cpu_seconds(pid) for pid in pids}
     elapsed = time.monotonic() - started
     memory = {pid: common.memory(pid) for pid in pids}
-    own = {pid: after[pid].own - before[pid].own for pid in pids}
+    own = {pid: after[pid] - before[pid] for pid in pids}
     total_pct = _percent(sum(own.values()), elapsed)
     rss = sum(m.rss_kb for m in memory.values()) / MIB
     pss = sum(m.pss_kb for m in memory.values()) / MIB
@@ -138,6 +139,7 @@ def _idle_and_memory(stack: StackProcess, window: float) -> list[dict]:
              "goal": f"Rss <= {GOALS['rss_mib']:g} MiB, Pss <= {GOALS['pss_mib']:g} MiB",
              "met": rss <= GOALS["rss_mib"] and pss <= GOALS["pss_mib"]}]
     rows += [{"benchmark": f"lifecycle/idle/{names[pid]}", "cpu_pct": _percent(own[pid], elapsed),
+              "cpu_ms": round(own[pid] * 1000, 1),
               "rss_mib": round(memory[pid].rss_kb / MIB, 1), "pss_mib": round(memory[pid].pss_kb / MIB, 1),
               "anonymous_mib": round(memory[pid].anonymous_kb / MIB, 1)} for pid in pids]
     return rows

@@ -12,10 +12,10 @@ from loguru import logger
 
 from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
 from kubelet_watchdog.metrics_server import MetricsEndpoint
-from kubelet_watchdog.probes import Verdict, current_status, liveness, readiness
+from kubelet_watchdog.probes import Verdict, current_status, liveness, publication_deadline, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from shared import process_status
+from kubelet_watchdog.stack_watch import ProgramExits, StatusFiles
 from shared.cdi_specs import remove_stale_specs
 from shared.config import ResourceApi, Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
@@ -24,8 +24,22 @@ from shared.programs import SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
-# notice a FATAL program: each check costs this process and supervisord about 1.5 ms of CPU.
+# notice a FATAL program. Reading supervisord's table costs this process and supervisord about 2 ms of CPU;
+# reading a status file again a tenth of that. So the table is read every CHECK_INTERVAL only while the
+# stack is unsettled (a program not running, the scanner not published yet, supervisord not answering),
+# and at once when a program exits (stack_watch.ProgramExits). Once every program runs, nothing but an exit
+# changes the table: supervisord is then only asked whether it answers, every STEADY_CHECK_INTERVAL (the
+# probes' period: a supervisord that stops answering is noticed by the next probe but one). The
+# status files are judged again whenever one is replaced and when the scanner's last publication grows
+# too old for liveness (stack_watch.StatusFiles).
 CHECK_INTERVAL = 2.0
+STEADY_CHECK_INTERVAL = 10.0
+# The status files written for one snapshot follow each other within milliseconds: one judgement for them.
+STATUS_SETTLE_SECONDS = 0.05
+# An exited program is reaped by supervisord at its SIGCHLD: asked a moment later, it has.
+EXIT_SETTLE_SECONDS = 0.05
+# The judgement at a publication's deadline comes just past it, when liveness has turned.
+_PAST_DEADLINE_SECONDS = 0.01
 _UNREACHABLE = Verdict(False, "supervisord does not answer")
 
 
@@ -83,20 +97,54 @@ class Watchdog:
         self._watcher = KubeletSocketWatcher(settings.kubelet_device_plugin_path)
         self._last_verdicts: tuple[Verdict, Verdict] | None = None
         self._run_dir_was_writable = True
+        self._status = StatusFiles(settings.run_dir)
+        self._exits = ProgramExits()
+        # supervisord's table at the last check; None until it answered, and while it does not.
+        self._programs: dict[str, dict] | None = None
+        # When supervisord is asked next, and when the status files are judged again before that (monotonic).
+        self._next_check = 0.0
+        self._next_judgement: float | None = None
+        # Every program of `_programs` runs and is watched for its exit: the table stays current until one does.
+        self._steady = False
+        # A replaced status file awaits its judgement: its watch is not selected meanwhile (what comes on it
+        # is read by that judgement).
+        self._settling = False
 
     def run(self, shutdown: ShutdownSignal) -> None:
-        next_check = 0.0
         while not shutdown.is_set():
-            select.select([self._watcher.fileno(), shutdown.fileno()], [], [], max(0.0, next_check - time.monotonic()))
+            due = self._next_check if self._next_judgement is None else min(self._next_check, self._next_judgement)
+            status = [] if self._settling else [self._status.fileno()]
+            readable, _, _ = select.select([self._watcher.fileno(), shutdown.fileno(), *status, *self._exits.filenos()],
+                                           [], [], max(0.0, due - time.monotonic()))
             if shutdown.is_set():
                 break
             # A DRA plugin needs nothing at a kubelet restart: the kubelet finds its registration socket again.
             if self._watcher.recreated() and self._settings.resource_api is ResourceApi.DEVICE_PLUGIN:
                 self._restart_workers()
-            if time.monotonic() >= next_check:
-                self._check()
-                next_check = time.monotonic() + CHECK_INTERVAL
+            self._follow(readable)
+        self._exits.close()
+        self._status.close()
         self._watcher.close()
+
+    def _follow(self, readable: list[int]) -> None:
+        """Checks or judges what the wake-up (`readable`: what select said) and the time call for."""
+        now = time.monotonic()
+        if self._exits.exited(readable):
+            self._exits.close()  # readable from now on; the check watches the new table
+            self._steady = False
+            self._next_check = min(self._next_check, now + EXIT_SETTLE_SECONDS)
+        if self._status.fileno() in readable and self._status.changed():
+            self._settling = True
+            self._judge_at(now + STATUS_SETTLE_SECONDS)
+        if now >= self._next_check:
+            self._check()
+        elif self._next_judgement is not None and now >= self._next_judgement:
+            self._next_judgement = None
+            if self._programs is not None:
+                self._judge(self._programs)
+
+    def _judge_at(self, when: float) -> None:
+        self._next_judgement = when if self._next_judgement is None else min(self._next_judgement, when)
 
     def _restart_workers(self) -> None:
         logger.info("Detected kubelet socket recreation; restarting device plugins",
@@ -114,11 +162,25 @@ class Watchdog:
             logger.error("Restarting device plugins failed", err=str(exc))
 
     def _check(self) -> None:
+        """Asks supervisord for the program table (in a steady stack, only whether it answers), then judges
+        the status files by it."""
+        now = time.monotonic()
+        self._next_check = now + CHECK_INTERVAL
+        self._next_judgement = None
+        self._settling = False
+        programs = self._programs if self._steady else None
+        self._programs = None
+        self._steady = False
         try:
-            programs = self._supervisor.programs()
-        except SupervisorStopping:
-            return
+            if programs is None:
+                self._exits.close()
+                programs = self._supervisor.programs()
+            else:
+                self._supervisor.answers()
         except SupervisorError as exc:
+            self._exits.close()
+            if isinstance(exc, SupervisorStopping):
+                return
             # Nothing says the programs run, and nothing could restart them: so that Kubernetes
             # restarts the pod if supervisord stays unreachable past the probes' failure thresholds.
             if self._last_verdicts != (_UNREACHABLE, _UNREACHABLE):
@@ -137,17 +199,34 @@ class Watchdog:
             except SupervisorError as exc:
                 logger.error("Shutdown request failed", err=str(exc))
             return
-        run_dir = self._settings.run_dir
+        self._programs = programs
+        published = self._judge(programs)
+        expected = programs_for(self._settings.resource_api)
+        settled = published and all(programs.get(name, {}).get("statename") == "RUNNING" for name in expected)
+        if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
+            self._steady = True
+            self._next_check = now + STEADY_CHECK_INTERVAL
+
+    def _judge(self, programs: dict[str, dict]) -> bool:
+        """Probes and metrics from the status files as `programs` (supervisord's table) says which to trust.
+        True when the running scanner has published."""
+        self._status.changed()  # replacements so far: the files are read below
+        self._settling = False
         writable = self._run_dir_writable()
-        scanner = process_status.read_status(run_dir, SCANNER)
+        scanner = self._status.read(SCANNER)
         dra = self._settings.resource_api is ResourceApi.DRA
-        workers = {name: process_status.read_status(run_dir, name) for name in ((WORKER_DRA,) if dra else WORKERS)}
+        workers = {name: self._status.read(name) for name in ((WORKER_DRA,) if dra else WORKERS)}
         ready = readiness(programs, scanner, workers)
-        self._report(liveness(programs, scanner, time.monotonic(), self._settings.device_scan_interval,
+        now = time.monotonic()
+        self._report(liveness(programs, scanner, now, self._settings.device_scan_interval,
                               programs_for(self._settings.resource_api), status_writable=writable), ready,
                      StackView(current_status(scanner, programs, SCANNER),
                                {name: current_status(status, programs, name) for name, status in workers.items()},
                                ready.ok))
+        deadline = publication_deadline(programs, scanner, self._settings.device_scan_interval)
+        if deadline is not None and writable and deadline > now:
+            self._judge_at(deadline + _PAST_DEADLINE_SECONDS)
+        return deadline is not None
 
     def _run_dir_writable(self) -> bool:
         """Whether the run dir's file system takes writes; a change is logged once."""

@@ -49,7 +49,7 @@ CONNECTION_DEADLINE = 5.0
 # Connections held at once (each one past it closes the least recently active).
 MAX_CONNECTIONS = 1024
 # A page answers every scrape in its format for this long after its collection started: Prometheus
-# scrapes every 15 s or more, and the state metrics change at the watchdog's checks, every 2 s.
+# scrapes every 15 s or more, and the state metrics change at the watchdog's judgements, once a scan.
 PAGE_REUSE_SECONDS = 1.0
 # A request line and its headers; Prometheus sends about 300 bytes.
 MAX_REQUEST_BYTES = 8 * 1024

@@ -45,16 +45,25 @@ def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Document | None
         return Verdict(True, "every program running; run dir read-only, scanner publications not judged")
     limit = STALE_SCANS * scan_interval
     info = programs[SCANNER]
-    current = current_status(scanner, programs, SCANNER)
-    if not isinstance(current, ScannerStatus) or current.stamp is None:
+    deadline = publication_deadline(programs, scanner, scan_interval)
+    if deadline is None:
         uptime = info.get("now", 0) - info.get("start", 0)
         if uptime > limit:
             return Verdict(False, f"scanner has published nothing in {uptime:.0f}s")
         return Verdict(True, "scanner starting")
-    age = now_monotonic - (current.stamp.monotonic or 0.0)
-    if age > limit:
-        return Verdict(False, f"scanner's last publication is {age:.1f}s old")
+    if now_monotonic > deadline:
+        return Verdict(False, f"scanner's last publication is {now_monotonic - deadline + limit:.1f}s old")
     return Verdict(True, "every program running, scanner publishing")
+
+
+def publication_deadline(programs: Mapping[str, Mapping[str, Any]], scanner: Document | None,
+                         scan_interval: float) -> float | None:
+    """The monotonic time past which the running scanner's last publication is too old for liveness; None
+    when it has published nothing (liveness then goes by its uptime)."""
+    current = current_status(scanner, programs, SCANNER)
+    if not isinstance(current, ScannerStatus) or current.stamp is None:
+        return None
+    return (current.stamp.monotonic or 0.0) + STALE_SCANS * scan_interval
 
 
 def readiness(programs: Mapping[str, Mapping[str, Any]], scanner: Document | None,

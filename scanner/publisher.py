@@ -8,6 +8,7 @@ seconds) never delays a worker's snapshot request.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import pathlib
 import stat
@@ -24,8 +25,9 @@ _STOP = b"$STOP"
 _SNAPSHOT_REQUEST_MAX_BYTES = 256
 _pipe_names = itertools.count()
 _TOPICS = frozenset(ipc.topic(resource) for resource in Resource)
-# How often the socket files are checked (see _BoundSocket).
-_FILE_CHECK_SECONDS = 1.0
+# The socket files are checked (see _BoundSocket) after each publication, which a scan's wake-up brings
+# anyway, and at least this often, so that a long scan interval leaves no lost file for long either.
+_FILE_CHECK_SECONDS = 10.0
 # Requests held until the first scan: a few per worker; a peer asking without end is not remembered.
 _MAX_WAITING = 64
 
@@ -86,7 +88,7 @@ class InventoryPublisher:
         poller.register(router.socket, zmq.POLLIN)
         next_check = time.monotonic() + _FILE_CHECK_SECONDS
         while True:
-            events = dict(poller.poll(int(_FILE_CHECK_SECONDS * 1000)))
+            events = dict(poller.poll(max(0, math.ceil((next_check - time.monotonic()) * 1000))))
             if pipe in events:
                 frames = pipe.recv_multipart()
                 if frames == [_STOP]:
@@ -105,7 +107,7 @@ class InventoryPublisher:
                     router.socket.send_multipart([frames[0], ipc.SNAPSHOT_REPLY, latest[frames[2]]])
                 elif len(waiting) < _MAX_WAITING:
                     waiting.append((frames[0], frames[2]))
-            if time.monotonic() >= next_check:
+            if pipe in events or time.monotonic() >= next_check:
                 next_check = time.monotonic() + _FILE_CHECK_SECONDS
                 pub.rebind_if_lost()
                 if router.rebind_if_lost(poller):

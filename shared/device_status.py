@@ -75,7 +75,7 @@ def parse_status(raw: bytes) -> StatusReading:
 
 
 def status_path(sysfs_root: pathlib.Path, device_id: str) -> pathlib.Path:
-    return sysfs_root / "class" / "rebellions" / device_id / "status"
+    return sysfs_root.joinpath("class", "rebellions", device_id, "status")  # one join: every device, every scan
 
 
 def read_status(sysfs_root: pathlib.Path, device_id: str) -> StatusReading:

@@ -34,7 +34,7 @@ class SriovRole:
 
 
 def pci_device_dir(sysfs_root: pathlib.Path, bus_id: str) -> pathlib.Path:
-    return sysfs_root / "bus" / "pci" / "devices" / bus_id
+    return sysfs_root.joinpath("bus", "pci", "devices", bus_id)  # one join, not four: every device, every scan
 
 
 def read_attribute(path: pathlib.Path) -> str:

@@ -101,6 +101,11 @@ class Supervisor:
         return {info["name"]: info for info in infos
                 if not (info.get("statename") == "STOPPED" and info.get("start") == 0)}
 
+    def answers(self) -> None:
+        """Returns once supervisord answers a question (its own state: a few bytes each way, where the
+        program table is kilobytes); SupervisorError otherwise."""
+        self._call("asking supervisord's state", self._proxy.supervisor.getState)
+
     def restart(self, names: Iterable[str]) -> None:
         """Stop all of `names` at once and start each again as soon as it is down."""
         pending = list(names)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import grpc
 
 from kubelet_watchdog import health_server, metrics_server
+from kubelet_watchdog.main import STEADY_CHECK_INTERVAL
 from shared.rbln_smi import TOOL_ENVIRONMENT
 from shared.supervisord import transport
 from shared.supervisord.client import server_proxy
@@ -148,7 +149,9 @@ def test_a_watchdog_that_cannot_reach_supervisord_reports_not_live_and_not_ready
     await_health(port, liveness=SERVING, readiness=SERVING)
     os.kill(stack.pid, signal.SIGSTOP)  # supervisord: its socket accepts, nothing answers
     try:
-        await_health(port, liveness=NOT_SERVING, readiness=NOT_SERVING)
+        # Asked every STEADY_CHECK_INTERVAL in a settled stack, its answer awaited for CALL_TIMEOUT.
+        await_health(port, timeout=STEADY_CHECK_INTERVAL + transport.CALL_TIMEOUT + 15,
+                     liveness=NOT_SERVING, readiness=NOT_SERVING)
     finally:
         os.kill(stack.pid, signal.SIGCONT)
     await_health(port, liveness=SERVING, readiness=SERVING)

@@ -68,11 +68,11 @@ def health(port: int, service: str, timeout: float = PROBE_TIMEOUT):
             return exc.code()
 
 
-def await_health(port: int, **expected) -> None:
+def await_health(port: int, timeout: float = 15, **expected) -> None:
     """Wait until each service (`liveness=`, `readiness=`, `default=` for "") answers as expected."""
     names = {"default": ""}
     wait_until(lambda: all(health(port, names.get(service, service)) == answer
-                           for service, answer in expected.items()), 15, f"health answers {expected}")
+                           for service, answer in expected.items()), timeout, f"health answers {expected}")
 
 
 def status_command(stack_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ from shared import ipc
 from shared.resources import Resource
 from shared.subscriber import InventorySubscriber, SyncState
 from tests.support.inventory import message, record
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -157,3 +158,21 @@ def test_ipc_sockets_are_owner_only(channel, short_tmp):
     for endpoint in ipc.endpoints(short_tmp):
         mode = stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode)
         assert mode == 0o600
+
+
+def test_a_deleted_socket_file_is_bound_again_at_the_next_publication(short_tmp, monkeypatch):
+    # No periodic check within the test: only the publication can bring the file back.
+    monkeypatch.setattr("scanner.publisher._FILE_CHECK_SECONDS", 3600.0)
+    context = zmq.Context()
+    publisher = InventoryPublisher(context, short_tmp)
+    publisher.start()
+    try:
+        paths = [endpoint.removeprefix("ipc://") for endpoint in ipc.endpoints(short_tmp)]
+        for path in paths:
+            os.unlink(path)
+        publisher.publish(message(seq=1))
+        wait_until(lambda: all(os.path.exists(path) for path in paths), 10, "the socket files bound again")
+        assert all(stat.S_ISSOCK(os.stat(path).st_mode) for path in paths)
+    finally:
+        publisher.stop()
+        context.term()

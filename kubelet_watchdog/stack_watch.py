@@ -1,0 +1,114 @@
+"""What tells the watchdog that the stack's state may have changed, so that an idle stack costs it (and
+supervisord) next to nothing between the kubelet's probes:
+
+- `StatusFiles`: the processes' status files, each reread only when it was replaced (its identity changed),
+  with an inotify watch on the run dir that becomes readable when one is;
+- `ProgramExits`: a pidfd per program supervisord last reported running, readable once any of them exits,
+  so that the watchdog asks supervisord again at once instead of every few seconds.
+
+Neither is trusted alone: the watchdog still asks supervisord at a steady interval (kubelet_watchdog.main),
+which covers a lost event, and judges the status files it reads as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import select
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from inotify_simple import INotify, flags
+
+from shared import process_status
+from shared.status_records import Document
+
+# A status file is put in place by a rename (shared/process_status.py); a new file by a write. An overflowed
+# queue or a watch that went away says nothing about which file changed: every file is stat'ed again anyway.
+_WATCHED = flags.MOVED_TO | flags.CLOSE_WRITE
+_STATUS_PREFIX = "status-"
+_Identity = tuple[int, int, int, int, int]
+
+
+def _identity(path: pathlib.Path) -> _Identity | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class StatusFiles:
+    """The status documents of the run dir's processes as last read; `fileno` is readable when a status file
+    was replaced since `changed()` was last called."""
+
+    def __init__(self, run_dir: pathlib.Path):
+        self._run_dir = run_dir
+        self._inotify = INotify()
+        try:
+            self._inotify.add_watch(run_dir, _WATCHED)
+        except OSError:
+            pass  # no events: the files are still read at every check, as their identity says
+        # Per process: the identity of its file when last read, and what it held.
+        self._read: dict[str, tuple[_Identity | None, Document | None]] = {}
+
+    def fileno(self) -> int:
+        return self._inotify.fileno()
+
+    def changed(self) -> bool:
+        """Whether any status file was replaced since the last call (the events are consumed). Never blocks."""
+        return any(event.mask & flags.Q_OVERFLOW or event.name.startswith(_STATUS_PREFIX)
+                   for event in self._inotify.read(timeout=0))
+
+    def read(self, process: str) -> Document | None:
+        """The document of `process`'s status file (shared.process_status.read_status), read again only when the
+        file is not the one last read."""
+        identity = _identity(process_status.status_file(self._run_dir, process))
+        known = self._read.get(process)
+        if identity is not None and known is not None and known[0] == identity:
+            return known[1]
+        document = process_status.read_status(self._run_dir, process)
+        self._read[process] = (identity, document)
+        return document
+
+    def close(self) -> None:
+        self._inotify.close()
+
+
+class ProgramExits:
+    """Watches the programs of a table from supervisord (getAllProcessInfo by name) that were running."""
+
+    def __init__(self) -> None:
+        self._pidfds: list[int] = []
+
+    def watch(self, programs: Mapping[str, Mapping[str, Any]], skip: Iterable[int] = ()) -> bool:
+        """Watch every RUNNING program's pid of `programs` but those of `skip`, instead of the ones before. False
+        when one of them has already exited (nothing is watched then: supervisord's table is out of date)."""
+        self.close()
+        skipped = set(skip)
+        for info in programs.values():
+            pid = info.get("pid")
+            if info.get("statename") != "RUNNING" or not isinstance(pid, int) or pid <= 0 or pid in skipped:
+                continue
+            try:
+                self._pidfds.append(os.pidfd_open(pid))
+            except OSError:  # ProcessLookupError: gone already
+                self.close()
+                return False
+        if self._pidfds and select.select(self._pidfds, [], [], 0)[0]:
+            self.close()
+            return False
+        return True
+
+    def filenos(self) -> list[int]:
+        return list(self._pidfds)
+
+    def exited(self, readable: Iterable[int]) -> bool:
+        """Whether a watched program has exited, `readable` being what select said of the descriptors; a
+        pidfd is readable once its process has exited."""
+        return not set(self._pidfds).isdisjoint(readable)
+
+    def close(self) -> None:
+        for fd in self._pidfds:
+            os.close(fd)
+        self._pidfds = []
