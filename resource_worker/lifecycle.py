@@ -5,11 +5,15 @@ a step reaches out to is handed in, so each transition can be driven and checked
 server (a factory, since every instance is a new server on a socket of its own) with its Register call and
 stream tracker, the look at the kubelet's socket, the clock, and the run dir of the status file.
 
-An instance registers with one kubelet only. When the kubelet it called Register on is replaced (kubelet.sock
-has another identity), the watchdog restarts the worker, so that the new kubelet meets a new instance with
-no health history; the worker leaves that registration to its successor rather than making one the restart
-would undo, and makes it itself only if no restart comes within HANDOVER_SECONDS of the new kubelet.sock.
-What the kubelet sees of it is in docs/kubelet.md#registration.
+An instance registers with one kubelet only. When the kubelet restarts (kubelet.sock has another identity),
+the watchdog orders every worker to restart its device plugin (`order_restart`, on a signal): the worker stops
+the instance the old kubelet knew, forgets the devices' health history and serves a new instance on a new
+socket, which it registers with the new kubelet, as at its start. Whichever comes first, the order or the
+worker's own notice of the new kubelet (its stream ended, its socket removed), the new kubelet gets one
+Register: a worker that notices first stops serving and waits for the order, and registers by itself only if
+none comes within HANDOVER_SECONDS of the new kubelet.sock; an order for an instance the kubelet there now
+already has, or for a worker serving nothing, replaces nothing. What the kubelet sees of it is in
+docs/kubelet.md#registration.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ IDLE_CHECK_SECONDS = 1.0
 UNTIL_SIGNALLED = None
 BACKOFF_START = 0.2
 BACKOFF_MAX = 5.0
-# How long a worker whose kubelet was replaced waits for the watchdog's restart before it registers with the new
-# kubelet itself (the watchdog notices a new kubelet.sock at once, and a restart takes about a second).
+# How long a worker whose kubelet was replaced waits for the watchdog's order before it registers with the new
+# kubelet itself (the watchdog notices a new kubelet.sock at once and orders the restart within milliseconds:
+# the wait ends early only when the watchdog is down or its order got lost).
 HANDOVER_SECONDS = 5.0
 
 
@@ -141,6 +146,8 @@ class Worker:
         self._clock = clock
         # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, shutdown.
         self._attention = threading.Event()
+        # Set by the signal thread when the watchdog orders a restart; cleared by the lifecycle loop.
+        self._restart_ordered = threading.Event()
         # The fields below belong to the lifecycle loop's thread.
         self._server: PluginInstance | None = None
         self._phase = Phase.UNREGISTERED
@@ -170,6 +177,11 @@ class Worker:
         self._attention.set()
 
     def wake(self) -> None:
+        self._attention.set()
+
+    def order_restart(self) -> None:
+        """The watchdog's order to restart the device plugin, the kubelet having restarted (any thread)."""
+        self._restart_ordered.set()
         self._attention.set()
 
     def run(self) -> None:
@@ -204,11 +216,16 @@ class Worker:
             self._reported = status
 
     def _step(self) -> float | None:
+        if self._restart_ordered.is_set():
+            self._restart_ordered.clear()
+            self._restart_plugin()
         if not (self.table.synced and self.table.devices()):
             if self._server is not None:
                 self._stop_serving()
-                # A later instance for this resource starts with no health history.
+                # A later instance for this resource starts with no health history, and meets whichever
+                # kubelet is there then as a newcomer.
                 self.table.forget_history()
+                self._asked_kubelet = None
                 logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
             return UNTIL_SIGNALLED
         # A kubelet restart removes the socket and ends the stream too; then the handover below says what happens.
@@ -266,9 +283,26 @@ class Worker:
         server.log_registered()
         return IDLE_CHECK_SECONDS
 
+    def _restart_plugin(self) -> None:
+        """Obey the watchdog's order: the instance a replaced kubelet knew goes, and with it the devices' health
+        history; the steps that follow serve a new one and register it with the kubelet there now."""
+        # The watchdog saw a new kubelet.sock: whatever registration is due can be tried now.
+        self._retry_at = 0.0
+        self._backoff.reset()
+        kubelet = self._kubelet_identity()
+        if self._asked_kubelet is None or self._asked_kubelet == kubelet:
+            return  # no kubelet has this instance yet (or none serves), or the one there now already has it
+        logger.info("Restarting device plugin for the new kubelet", resourceName=self._resource.value,
+                    endpoint=self._server.socket_name if self._server else None)
+        if self._server is not None:
+            self._stop_serving()
+        self.table.forget_history()
+        self._asked_kubelet, self._handing_over, self._handover_deadline = None, False, None
+        self._waiting_for = None
+
     def _await_replacement(self) -> float | None:
         """While the kubelet this instance called Register on has been replaced, not serving and waiting for the
-        watchdog's restart: how long to wait before looking again; None once there is nothing to wait for."""
+        watchdog's order: how long to wait before looking again; None once there is nothing to wait for."""
         kubelet = self._kubelet_identity()
         if self._asked_kubelet is None or kubelet == self._asked_kubelet:
             # The same kubelet after all (its socket was only out of sight for a moment): nothing to wait for.
@@ -276,12 +310,12 @@ class Worker:
             return None
         if not self._handing_over:
             self._handing_over = True
-            logger.info("Kubelet restarted; waiting for the watchdog to restart this worker",
+            logger.info("Kubelet restarted; waiting for the watchdog's order to restart the device plugin",
                         resourceName=self._resource.value)
             if self._server is not None:
                 self._stop_serving()
         if kubelet is None:
-            return IDLE_CHECK_SECONDS  # the new kubelet has no socket yet: the watchdog's cue is still to come
+            return IDLE_CHECK_SECONDS  # the new kubelet has no socket yet: the watchdog's order is still to come
         now = self._clock()
         if self._handover_deadline is None:
             self._handover_deadline = now + HANDOVER_SECONDS

@@ -19,6 +19,7 @@ from shared.device_status import read_status
 from shared.metrics import Recorder, recorder_for
 from shared.plugin_socket import remove_stale_sockets
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.programs import PLUGIN_RESTART_SIGNAL
 from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
 from shared.rsd_group import RsdGroups
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     tracer = setup_tracing(settings.otlp_endpoint, VERSION, settings.node_name)
     worker = build_worker(settings, resource, shutdown, tracer, metrics)
     shutdown.on_request(worker.wake)
+    shutdown.on_signal(PLUGIN_RESTART_SIGNAL, worker.order_restart)
     context = zmq.Context()
     subscriber = InventorySubscriber(context, settings.run_dir, resource, worker.on_inventory,
                                      heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))
