@@ -292,8 +292,7 @@ class Worker:
         kubelet = self._kubelet_identity()
         if self._asked_kubelet is None or self._asked_kubelet == kubelet:
             return  # no kubelet has this instance yet (or none serves), or the one there now already has it
-        logger.info("Restarting device plugin for the new kubelet", resourceName=self._resource.value,
-                    endpoint=self._server.socket_name if self._server else None)
+        logger.info("Restarting device plugin for the new kubelet", resourceName=self._resource.value)
         if self._server is not None:
             self._stop_serving()
         self.table.forget_history()

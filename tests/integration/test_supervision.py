@@ -26,7 +26,7 @@ from tests.support.supervision import (
     VF1,
     VF4,
     await_health,
-    await_restarted_workers,
+    await_restarted_plugins,
     await_serving,
     health,
     program_info,
@@ -49,13 +49,20 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
     node = make_node(NODE)
     stack = start_stack(node)
     await_serving(kubelet)
+    pids = {name: info["pid"] for name, info in program_info(node).items()}
     for round_ in range(5):
         before = registrations(kubelet)
         kubelet.restart()
-        await_restarted_workers(stack, starts=round_ + 2)
+        await_restarted_plugins(stack, restarts=round_ + 1)
         await_serving(kubelet, since=before)
     detected = stack.find("Detected kubelet socket recreation; restarting device plugins")
     assert len(detected) == 5 and all(r["process"] == "watchdog" and r["level"] == "info" for r in detected)
+    restarted = stack.find("Restarting device plugin for the new kubelet")
+    assert sorted(r["resourceName"] for r in restarted) == sorted(5 * list(DEVICES))
+    assert {r["level"] for r in restarted} == {"info"}
+    # In place: every process is the one that started.
+    assert {name: info["pid"] for name, info in program_info(node).items()} == pids
+    assert all(len(stack.find("Starting rbln-device-plugin", process=worker)) == 1 for worker in WORKERS)
     # One registration per restart and resource: an old instance leaves the new kubelet to its successor.
     assert registrations(kubelet) == dict.fromkeys(kubelet.resources(), 6)
     assert not stack.find("No restart came after the kubelet restarted; registering with the new kubelet")
@@ -88,7 +95,7 @@ def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_its
     kubelet.restart()
     # Nobody restarts the workers: after their wait each registers the instance it has, once.
     await_serving(kubelet, since=before)
-    waited = stack.wait_for_record("Kubelet restarted; waiting for the watchdog to restart this worker",
+    waited = stack.wait_for_record("Kubelet restarted; waiting for the watchdog's order to restart the device plugin",
                                    count=len(DEVICES))
     gave_up = stack.wait_for_record("No restart came after the kubelet restarted; registering with the new kubelet",
                                     count=len(DEVICES))
@@ -96,6 +103,7 @@ def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_its
     assert {r["level"] for r in gave_up} == {"warn"}
     assert registrations(kubelet) == {resource: count + 1 for resource, count in before.items()}
     assert all(len(stack.find("Starting rbln-device-plugin", process=worker)) == 1 for worker in WORKERS)
+    assert not stack.find("Restarting device plugin for the new kubelet")
     assert {name: view.devices.keys() for name, view in kubelet.resources().items()} == DEVICES
 
 
@@ -129,7 +137,7 @@ def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others
     # The new watchdog watches the kubelet socket too.
     before = registrations(kubelet)
     kubelet.restart()
-    await_restarted_workers(stack, starts=3)
+    await_restarted_plugins(stack, restarts=1)
     await_serving(kubelet, since=before)
 
 
