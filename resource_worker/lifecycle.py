@@ -34,9 +34,11 @@ from shared.plugin_socket import SocketIdentity, socket_identity
 from shared.resources import Resource
 from shared.status_records import DeviceState, WorkerStatus
 
-# How often a serving worker checks its socket even when nothing signals: it may vanish silently.
+# How often a serving worker looks at its socket when the socket cannot be watched (it may vanish silently).
 IDLE_CHECK_SECONDS = 1.0
-# A worker without devices has nothing to check: only an inventory or shutdown can give it work.
+# A worker without devices has nothing to check: only an inventory or shutdown can give it work. Nor has one
+# whose socket is watched, while it waits for a Register answer or serves: the answer, a stream's end and the
+# socket's removal wake it.
 UNTIL_SIGNALLED = None
 BACKOFF_START = 0.2
 BACKOFF_MAX = 5.0
@@ -82,6 +84,10 @@ class PluginInstance(Protocol):
     @property
     def socket_exists(self) -> bool: ...
 
+    @property
+    def socket_watched(self) -> bool:
+        """Whether a removal of the socket calls the instance's change callback (else it must be looked at)."""
+
     def serve(self) -> None: ...
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> PendingRegistration: ...
@@ -92,7 +98,8 @@ class PluginInstance(Protocol):
 
 
 PluginFactory = Callable[[Callable[[], None]], PluginInstance]
-"""Makes a new instance; the callable it is given is to be called whenever the instance's streams change."""
+"""Makes a new instance; the callable it is given is to be called whenever the instance's streams change and,
+if the instance watches its socket, whenever the socket may have gone."""
 
 
 class Flag(Protocol):
@@ -250,9 +257,9 @@ class Worker:
             return self._finish_registration(self._server)
         if self._phase is Phase.UNREGISTERED:
             return self._register(self._server)
-        return IDLE_CHECK_SECONDS
+        return _idle(self._server)
 
-    def _register(self, server: PluginInstance) -> float:
+    def _register(self, server: PluginInstance) -> float | None:
         now = self._clock()
         if now < self._retry_at:
             return self._retry_at - now
@@ -263,13 +270,13 @@ class Worker:
         self._asked_kubelet = kubelet
         self._registration = server.register(self._kubelet_socket, self.wake)
         self._phase = Phase.REGISTERING
-        return IDLE_CHECK_SECONDS
+        return _idle(server)
 
-    def _finish_registration(self, server: PluginInstance) -> float:
+    def _finish_registration(self, server: PluginInstance) -> float | None:
         registration = self._registration
         assert registration is not None, "REGISTERING without a call in flight"
         if not registration.done():
-            return IDLE_CHECK_SECONDS
+            return _idle(server)
         self._registration = None
         try:
             registration.result()
@@ -281,7 +288,7 @@ class Worker:
         self._waiting_for = None
         self._backoff.reset()
         server.log_registered()
-        return IDLE_CHECK_SECONDS
+        return _idle(server)
 
     def _restart_plugin(self) -> None:
         """Obey the watchdog's order: the instance a replaced kubelet knew goes, and with it the devices' health
@@ -347,3 +354,8 @@ class Worker:
         self._server.stop()
         self._server = None
         self._phase = Phase.UNREGISTERED
+
+
+def _idle(server: PluginInstance) -> float | None:
+    """How long a serving worker with nothing to do waits: until woken, unless its socket must be looked at."""
+    return UNTIL_SIGNALLED if server.socket_watched else IDLE_CHECK_SECONDS

@@ -21,6 +21,7 @@ from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
+from resource_worker.socket_watch import SocketWatch, shared_watch
 from resource_worker.streams import StreamTracker
 from shared.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.metrics import Recorder
@@ -34,9 +35,14 @@ STOP_GRACE = 1.0
 
 class PluginServer:
     def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
-                 on_stream_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder):
+                 on_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder,
+                 socket_watch: SocketWatch | None = None):
+        """`on_change`: called whenever a stream opens or ends and whenever the socket file may have gone."""
         self._table = table
-        self.streams = StreamTracker(on_stream_change)
+        self._on_change = on_change
+        self._socket_watch = socket_watch or shared_watch()
+        self._watch: int | None = None
+        self.streams = StreamTracker(on_change)
         self._stopping = threading.Event()
         self.socket_name = new_socket_name(table.resource)
         self.socket_path = plugin_dir / self.socket_name
@@ -52,6 +58,7 @@ class PluginServer:
             self._server.start()
         finally:
             os.umask(old_umask)
+        self._watch = self._socket_watch.watch(self.socket_path, self._on_change)
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> Registration:
         """Start registering this instance's socket; `on_done` is called when the kubelet has answered."""
@@ -69,7 +76,14 @@ class PluginServer:
     def socket_exists(self) -> bool:
         return self.socket_path.exists()
 
+    @property
+    def socket_watched(self) -> bool:
+        return self._watch is not None
+
     def stop(self) -> None:
+        if self._watch is not None:
+            self._socket_watch.unwatch(self._watch)
+            self._watch = None
         self._stopping.set()
         self._table.wake_all()
         self._server.stop(STOP_GRACE).wait()

@@ -85,6 +85,21 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
     assert listening_ports(program_info(node)["watchdog"]["pid"]) == set()
 
 
+def test_a_removed_plugin_socket_is_served_anew_and_registered_by_that_worker_alone(make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    before = registrations(kubelet)
+    old = kubelet.resources()[VF1].endpoint
+    (node.plugin_dir / old).unlink()  # by something other than the kubelet: nothing else tells the worker
+    await_serving(kubelet, since={VF1: before[VF1]})
+    (removed,) = stack.wait_for_record("Device plugin socket was removed; serving on a new one")
+    assert (removed["resourceName"], removed["endpoint"], removed["level"]) == (VF1, old, "warn")
+    assert kubelet.resources()[VF1].endpoint != old
+    assert registrations(kubelet) == {**before, VF1: before[VF1] + 1}
+    assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
+
+
 def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_itself(make_node, kubelet,
                                                                                     start_stack):
     node = make_node(NODE)

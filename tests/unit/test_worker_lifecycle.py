@@ -74,6 +74,7 @@ class FakePlugin:
         self.on_stream_change = on_stream_change
         self.streams = FakeStreams()
         self.socket_exists = False
+        self.socket_watched = False  # most tests: a socket the worker has to look at
         self.stopped = False
         self.registrations: list[FakeRegistration] = []
         self.announced = 0
@@ -425,6 +426,21 @@ def test_an_order_to_a_worker_serving_nothing_does_nothing_and_devices_later_reg
     rig.worker.step()
     # A new instance meets the kubelet there as a newcomer: nothing to hand over.
     assert len(rig.plugins) == 2 and len(rig.plugin.registrations) == 1 and ("INFO", WAITING) not in logged
+
+
+def test_with_its_socket_watched_a_serving_worker_waits_for_a_wake_and_not_the_clock(rig, logged):
+    rig.inventory("rbln0")
+    rig.worker.step()
+    rig.plugin.socket_watched = True
+    assert rig.worker.step() is UNTIL_SIGNALLED, "a Register answer wakes it"
+    rig.plugin.registrations[0].answer()
+    assert rig.worker.step() is UNTIL_SIGNALLED and rig.worker.phase is Phase.REGISTERED
+    assert rig.worker.step() is UNTIL_SIGNALLED
+    # The watch woke it: the socket is gone.
+    rig.plugin.socket_exists = False
+    rig.plugin.on_stream_change()
+    rig.worker.step()
+    assert len(rig.plugins) == 2 and ("WARNING", "Device plugin socket was removed; serving on a new one") in logged
 
 
 def test_a_stream_the_kubelet_drops_means_registering_again_on_the_same_socket(rig, logged):
