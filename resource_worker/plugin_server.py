@@ -40,7 +40,7 @@ class PluginServer:
         """`on_change`: called whenever a stream opens or ends and whenever the socket file may have gone."""
         self._table = table
         self._on_change = on_change
-        self._socket_watch = socket_watch or shared_watch()
+        self._socket_watch = socket_watch if socket_watch is not None else shared_watch()
         self._watch: int | None = None
         self.streams = StreamTracker(on_change)
         self._stopping = threading.Event()
@@ -58,7 +58,8 @@ class PluginServer:
             self._server.start()
         finally:
             os.umask(old_umask)
-        self._watch = self._socket_watch.watch(self.socket_path, self._on_change)
+        if self._socket_watch is not None:
+            self._watch = self._socket_watch.watch(self.socket_path, self._on_change)
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> Registration:
         """Start registering this instance's socket; `on_done` is called when the kubelet has answered."""
@@ -81,7 +82,7 @@ class PluginServer:
         return self._watch is not None
 
     def stop(self) -> None:
-        if self._watch is not None:
+        if self._socket_watch is not None and self._watch is not None:
             self._socket_watch.unwatch(self._watch)
             self._watch = None
         self._stopping.set()

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from inotify_simple import INotify, flags
+from loguru import logger
 
 _WATCHED = flags.ATTRIB | flags.DELETE_SELF | flags.MOVE_SELF
 
@@ -57,7 +58,12 @@ class SocketWatch:
 
 
 @functools.cache
-def shared_watch() -> SocketWatch:
-    """The process's one watch, made at first use (a worker serving no devices never makes it). Plugin
-    instances are made by the lifecycle loop's thread alone, so it is made once."""
-    return SocketWatch()
+def shared_watch() -> SocketWatch | None:
+    """The process's one watch, made at first use (a worker serving no devices never makes it); None if the
+    process can have no inotify instance (the user's limit is reached): its instances are looked at instead.
+    Plugin instances are made by the lifecycle loop's thread alone, so it is tried once."""
+    try:
+        return SocketWatch()
+    except OSError as exc:
+        logger.warning("Cannot watch the device plugin socket; looking at it every second", err=str(exc))
+        return None

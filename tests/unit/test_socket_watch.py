@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
 
 import pytest
+from loguru import logger
 
+from resource_worker import socket_watch
 from resource_worker.socket_watch import SocketWatch
 
 WAIT = 10.0
@@ -60,3 +63,19 @@ def test_an_unwatched_socket_calls_nobody_and_a_missing_one_cannot_be_watched(bo
     os.unlink(kept)
     assert barrier.wait(WAIT) and not forgotten.is_set()
     assert watch.watch(tmp_path / "never-bound.sock", forgotten.set) is None
+
+
+def test_without_an_inotify_instance_the_process_has_no_watch_and_says_so_once(monkeypatch):
+    def used_up():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    records: list[tuple[str, str]] = []
+    sink = logger.add(lambda m: records.append((m.record["level"].name, m.record["message"])), level="DEBUG")
+    monkeypatch.setattr(socket_watch, "INotify", used_up)
+    socket_watch.shared_watch.cache_clear()
+    try:
+        assert socket_watch.shared_watch() is None and socket_watch.shared_watch() is None
+    finally:
+        socket_watch.shared_watch.cache_clear()
+        logger.remove(sink)
+    assert records == [("WARNING", "Cannot watch the device plugin socket; looking at it every second")]
