@@ -165,6 +165,7 @@ class Worker:
         self._retry_at = 0.0
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
+        self._socket_lookup = Backoff()  # the pause between looks for kubelet.sock while handing over
         self._reported: WorkerStatus | None = None
         # Set by the subscriber thread: when the scan behind the current inventory ran (CLOCK_MONOTONIC, s).
         self._scanned_at: float | None = None
@@ -316,12 +317,15 @@ class Worker:
             return None
         if not self._handing_over:
             self._handing_over = True
+            self._socket_lookup.reset()
             logger.info("Kubelet restarted; waiting for the watchdog's order to restart the device plugin",
                         resourceName=self._resource.value)
             if self._server is not None:
                 self._stop_serving()
         if kubelet is None:
-            return IDLE_CHECK_SECONDS  # the new kubelet has no socket yet: the watchdog's order is still to come
+            # The new kubelet has no socket yet: the watchdog's order is still to come. Looked for again after
+            # a growing pause, as at the start: the kubelet may be down for long.
+            return self._socket_lookup.next()
         now = self._clock()
         if self._handover_deadline is None:
             self._handover_deadline = now + HANDOVER_SECONDS

@@ -242,13 +242,18 @@ def test_after_a_kubelet_restart_the_worker_leaves_the_new_registration_to_the_w
         old.socket_exists = False
     else:
         old.streams.dropped = True
-    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    assert rig.worker.step() == BACKOFF_START
     assert old.stopped and len(rig.plugins) == 1 and rig.worker.phase is Phase.UNREGISTERED
     assert rig.status()["registered"] is False and rig.status()["endpoint"] is None
     assert ("INFO", WAITING) in logged
     assert not [msg for _, msg in logged if msg.startswith(("Device plugin socket was", "Kubelet ended"))]
-    rig.now += 3 * HANDOVER_SECONDS  # however long the new kubelet takes to make its socket
-    assert rig.worker.step() == IDLE_CHECK_SECONDS and len(rig.plugins) == 1
+    # However long the new kubelet takes to make its socket, it is looked for after a growing pause.
+    pauses = []
+    for _ in range(8):
+        rig.now += HANDOVER_SECONDS
+        pauses.append(rig.worker.step())
+    assert pauses == [2 * BACKOFF_START, 4 * BACKOFF_START, 8 * BACKOFF_START, 16 * BACKOFF_START] + 4 * [BACKOFF_MAX]
+    assert len(rig.plugins) == 1
 
     rig.kubelet = RESTARTED_KUBELET
     assert rig.worker.step() == HANDOVER_SECONDS, "the wait runs from the new kubelet.sock, the watchdog's cue"
