@@ -100,6 +100,24 @@ def test_a_removed_plugin_socket_is_served_anew_and_registered_by_that_worker_al
     assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
 
 
+def test_a_kubelet_restart_while_a_worker_is_stopped_orders_the_others_and_the_stopped_one_starts_fresh(
+        make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    supervisor = server_proxy(node.run_dir).supervisor
+    supervisor.stopProcess("worker-npu-vf1")  # no process: supervisord refuses to signal it
+    before = registrations(kubelet)
+    kubelet.restart()
+    restarted = stack.wait_for_record("Restarting device plugin for the new kubelet", count=2)
+    assert sorted(r["resourceName"] for r in restarted) == sorted([NPU, VF4])
+    supervisor.startProcess("worker-npu-vf1", False)
+    await_serving(kubelet, since=before)
+    assert registrations(kubelet) == {resource: count + 1 for resource, count in before.items()}
+    assert not stack.find("Restarting device plugins failed")
+    assert len(stack.find("Starting rbln-device-plugin", process="worker-npu-vf1")) == 2
+
+
 def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_itself(make_node, kubelet,
                                                                                     start_stack):
     node = make_node(NODE)
