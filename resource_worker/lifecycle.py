@@ -135,8 +135,9 @@ class Worker:
     """The lifecycle loop: one thread moves the resource towards "served and registered" step by step.
 
     Everything that can change what the next step is (an inventory, a stream
-    opening or ending, a Register answer, shutdown) sets `_attention`; the loop
-    never blocks on the kubelet, so it notices each of them at once.
+    opening or ending, a Register answer, the socket's removal, the watchdog's
+    order, shutdown) sets `_attention`; the loop never blocks on the kubelet, so
+    it notices each of them at once.
     """
 
     def __init__(self, resource: Resource, table: DeviceTable, new_plugin: PluginFactory,
@@ -151,7 +152,8 @@ class Worker:
         self._run_dir = run_dir
         self._shutdown = shutdown
         self._clock = clock
-        # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, shutdown.
+        # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, the socket's
+        # removal, the watchdog's order, shutdown.
         self._attention = threading.Event()
         # Set by the signal thread when the watchdog orders a restart; cleared by the lifecycle loop.
         self._restart_ordered = threading.Event()
