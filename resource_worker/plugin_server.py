@@ -13,6 +13,7 @@ import pathlib
 import threading
 from collections.abc import Callable
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from loguru import logger
@@ -21,12 +22,14 @@ from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
-from resource_worker.socket_watch import SocketWatch, shared_watch
 from resource_worker.streams import StreamTracker
 from shared.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.metrics import Recorder
 from shared.plugin_socket import new_socket_name
 from shared.tracing import AllocationTracer
+
+if TYPE_CHECKING:
+    from resource_worker.socket_watch import SocketWatch
 
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
 SERVER_THREADS = 16
@@ -37,10 +40,11 @@ class PluginServer:
     def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
                  on_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder,
                  socket_watch: SocketWatch | None = None):
-        """`on_change`: called whenever a stream opens or ends and whenever the socket file may have gone."""
+        """`on_change`: called whenever a stream opens or ends and, from the first Register on, whenever the
+        socket file may have gone. `socket_watch`: the process's own unless given."""
         self._table = table
         self._on_change = on_change
-        self._socket_watch = socket_watch if socket_watch is not None else shared_watch()
+        self._socket_watch = socket_watch
         self._watch: int | None = None
         self.streams = StreamTracker(on_change)
         self._stopping = threading.Event()
@@ -58,12 +62,23 @@ class PluginServer:
             self._server.start()
         finally:
             os.umask(old_umask)
-        if self._socket_watch is not None:
-            self._watch = self._socket_watch.watch(self.socket_path, self._on_change)
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> Registration:
         """Start registering this instance's socket; `on_done` is called when the kubelet has answered."""
-        return Registration(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS, on_done)
+        registration = Registration(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS, on_done)
+        if self._watch is None:
+            self._watch_socket()
+        return registration
+
+    def _watch_socket(self) -> None:
+        """Watch the socket, once the first Register is on its way: a process's first watch costs some 10 ms
+        (inotify_simple's imports, its look-up of libc), which the registration need not wait for."""
+        if self._socket_watch is None:
+            from resource_worker.socket_watch import shared_watch
+
+            self._socket_watch = shared_watch()
+        if self._socket_watch is not None:
+            self._watch = self._socket_watch.watch(self.socket_path, self._on_change)
 
     def log_registered(self) -> None:
         devices = self._table.devices()
