@@ -5,15 +5,16 @@
 A node with one device of each resource (npu, npu-vf1, npu-vf4) runs the whole stack against the
 kubelet simulator. Each round restarts the kubelet (`KubeletSimulator.restart()`: every socket of
 the plugin dir removed, `kubelet.sock` created again); the watchdog sees the new socket and restarts
-the three workers through supervisord, and each new worker registers. A round's latency runs from
-the new socket's creation (its mtime) to the kubelet's receipt of the last of the three final
-Register calls (the ones made by the restarted workers). 20 rounds (5 quick), each once the previous
-one has settled (every worker RUNNING again, registered, its stream delivering). Goal: p95 <= 1 s.
+the three workers through supervisord to restart their device plugins, and each worker's new instance
+registers. A round's latency runs from the new socket's creation (its mtime) to the kubelet's receipt
+of the last of the three final Register calls (the ones made by the new instances). 20 rounds (5 quick),
+each once the previous one has settled (every worker restarted its plugin, registered, its stream
+delivering). Goal: p95 <= 1 s.
 
 The stack's Python processes keep compiled bytecode in a folder of the run (PYTHONPYCACHEPREFIX),
 as an installed package keeps its .pyc files, so that a restarted worker does not compile the
 source tree again. Other work on the machine's CPUs adds directly to every figure: a restart
-starts three interpreters at once.
+replaces three gRPC servers at once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ FULL_ROUNDS = 20
 QUICK_ROUNDS = 5
 SETTLE_TIMEOUT = 30.0
 GOAL_P95_MS = 1000.0
+RESTARTING = "Restarting device plugin for the new kubelet"
+REGISTERED = "Registered device plugin with kubelet"
 
 
 def _wait(condition, timeout: float, what: str) -> None:
@@ -50,15 +53,14 @@ def _wait(condition, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _settled(kubelet: KubeletSimulator, stack: StackProcess, supervisor: Supervisor, starts: int) -> bool:
-    """Every worker started `starts` times, registered since, RUNNING, and its stream delivering."""
+def _settled(kubelet: KubeletSimulator, stack: StackProcess, supervisor: Supervisor, restarts: int) -> bool:
+    """Every worker restarted its device plugin `restarts` times, registered since, RUNNING, and its stream
+    delivering."""
     programs = supervisor.programs()
     views = kubelet.resources()
     for process, resource in WORKERS.items():
-        records = [r for r in stack.find(process=process)
-                   if r["msg"] in ("Starting rbln-device-plugin", "Registered device plugin with kubelet")]
-        if sum(r["msg"].startswith("Starting") for r in records) != starts or \
-                records[-1]["msg"] != "Registered device plugin with kubelet":
+        records = [r["msg"] for r in stack.find(process=process) if r["msg"] in (RESTARTING, REGISTERED)]
+        if records.count(RESTARTING) != restarts or not records or records[-1] != REGISTERED:
             return False
         view = views.get(resource)
         if programs[process]["statename"] != "RUNNING" or view is None or not view.connected or not view.updates:
@@ -66,12 +68,13 @@ def _settled(kubelet: KubeletSimulator, stack: StackProcess, supervisor: Supervi
     return True
 
 
-def _round(kubelet: KubeletSimulator, stack: StackProcess, supervisor: Supervisor, starts: int) -> float:
-    """One kubelet restart; milliseconds from the new socket to the last final Register."""
+def _round(kubelet: KubeletSimulator, stack: StackProcess, supervisor: Supervisor, restarts: int) -> float:
+    """One kubelet restart, after `restarts` earlier ones; milliseconds from the new socket to the last final
+    Register."""
     seen = len(kubelet.registrations)
     kubelet.restart()
     created = kubelet.socket_path.stat().st_mtime
-    _wait(lambda: _settled(kubelet, stack, supervisor, starts + 1), SETTLE_TIMEOUT, "re-registration")
+    _wait(lambda: _settled(kubelet, stack, supervisor, restarts + 1), SETTLE_TIMEOUT, "re-registration")
     last = {}
     for record in kubelet.registrations[seen:]:
         if record.error is None:
@@ -85,8 +88,8 @@ def measure(rounds: int) -> dict:
         with common.running_stack(node, "5s", PYTHONPYCACHEPREFIX=str(bytecode),
                                   PYTHONDONTWRITEBYTECODE="") as (kubelet, stack):
             supervisor = connect(node.run_dir)
-            _wait(lambda: _settled(kubelet, stack, supervisor, 1), SETTLE_TIMEOUT, "the first registration")
-            samples = [_round(kubelet, stack, supervisor, starts) for starts in range(1, rounds + 1)]
+            _wait(lambda: _settled(kubelet, stack, supervisor, 0), SETTLE_TIMEOUT, "the first registration")
+            samples = [_round(kubelet, stack, supervisor, restarts) for restarts in range(rounds)]
     p95 = common.percentile(samples, 0.95)
     return {"benchmark": "reregistration (kubelet restart, 3 resources)",
             "p50_ms": round(statistics.median(samples), 3), "p95_ms": round(p95, 3),

@@ -24,7 +24,7 @@ What is reported, and what must hold:
 - memory: resident set of every process instance (smaps_rollup Rss, sampled every 5 s) after its
   warm-up (30 s; 15 s quick): the median of the last third of its samples against the median of the
   first third (single samples wander by a few percent). An instance with fewer than 45 s of samples
-  after its warm-up is counted but not measured (workers are restarted on every kubelet restart).
+  after its warm-up is counted but not measured (workers killed by the chaos thread start anew).
   Growth must stay under 5 %;
 - stdout: every line a complete JSON object with the contract's first keys: 100 %;
 - metrics: /metrics (on, as by default) scraped every 2 s as Prometheus would. Every answer must show

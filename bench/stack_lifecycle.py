@@ -16,7 +16,7 @@ installed package keeps its .pyc files.
   `exit_codes` must all be 0 and `sockets_left` 0 (the workers' sockets are gone once it exits).
 - `lifecycle/reregistration`: one stack, the kubelet restarted (`KubeletSimulator.restart()`: its
   sockets removed, `kubelet.sock` created anew) 10 times (5 quick); from the new socket's mtime to the
-  Register of the restarted npu worker. `registrations` counts the Register calls per round: exactly
+  Register of the npu worker's new plugin instance. `registrations` counts the Register calls per round: exactly
   one is the goal.
 - `lifecycle/idle-cpu`: that stack once settled, the CPU time of supervisord and its programs over 60 s
   (20 s quick), rbln-smi's own CPU excluded; `lifecycle/idle/<process>` per process (`cpu_ms` in the
@@ -103,7 +103,7 @@ def _start_and_stop(node, environ: dict[str, str], devices: int) -> tuple[float,
 
 
 def _reregister(kubelet: KubeletSimulator, devices: int) -> tuple[float, int]:
-    """One kubelet restart: ms from the new kubelet.sock to the restarted worker's Register, and how many
+    """One kubelet restart: ms from the new kubelet.sock to the new instance's Register, and how many
     Register calls npu made for it."""
     seen = len(kubelet.registrations)
     kubelet.restart()

@@ -1,5 +1,5 @@
-"""The watchdog process: restarts the workers when the kubelet restarts, ends a stack that cannot recover,
-answers the pod's liveness and readiness probes and serves the stack's metrics."""
+"""The watchdog process: has the workers restart their device plugins when the kubelet restarts, ends a stack
+that cannot recover, answers the pod's liveness and readiness probes and serves the stack's metrics."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from shared.cdi_specs import remove_stale_specs
 from shared.config import ResourceApi, Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
-from shared.programs import SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
+from shared.programs import PLUGIN_RESTART_SIGNAL, SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
@@ -154,8 +154,10 @@ class Watchdog:
         # The device plugins start afresh, as at the stack's start, and so does the CDI root: leftover
         # transient specs go again. Here, not in the scanner, which a kubelet restart does not restart.
         remove_stale_specs(self._settings.cdi_root)
+        # Each worker replaces its plugin instance itself: a new worker process would spend longer on its
+        # imports than the whole restart takes in place. Sent through supervisord, which knows their pids.
         try:
-            self._supervisor.restart(WORKERS)
+            self._supervisor.send_signal(WORKERS, PLUGIN_RESTART_SIGNAL)
         except SupervisorStopping:
             pass  # the whole stack is stopping
         except SupervisorError as exc:

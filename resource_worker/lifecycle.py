@@ -5,11 +5,15 @@ a step reaches out to is handed in, so each transition can be driven and checked
 server (a factory, since every instance is a new server on a socket of its own) with its Register call and
 stream tracker, the look at the kubelet's socket, the clock, and the run dir of the status file.
 
-An instance registers with one kubelet only. When the kubelet it called Register on is replaced (kubelet.sock
-has another identity), the watchdog restarts the worker, so that the new kubelet meets a new instance with
-no health history; the worker leaves that registration to its successor rather than making one the restart
-would undo, and makes it itself only if no restart comes within HANDOVER_SECONDS of the new kubelet.sock.
-What the kubelet sees of it is in docs/kubelet.md#registration.
+An instance registers with one kubelet only. When the kubelet restarts (kubelet.sock has another identity),
+the watchdog orders every worker to restart its device plugin (`order_restart`, on a signal): the worker stops
+the instance the old kubelet knew, forgets the devices' health history and serves a new instance on a new
+socket, which it registers with the new kubelet, as at its start. Whichever comes first, the order or the
+worker's own notice of the new kubelet (its stream ended, its socket removed), the new kubelet gets one
+Register: a worker that notices first stops serving and waits for the order, and registers by itself only if
+none comes within HANDOVER_SECONDS of the new kubelet.sock; an order for an instance the kubelet there now
+already has, or for a worker serving nothing, replaces nothing. What the kubelet sees of it is in
+docs/kubelet.md#registration.
 """
 
 from __future__ import annotations
@@ -30,14 +34,17 @@ from shared.plugin_socket import SocketIdentity, socket_identity
 from shared.resources import Resource
 from shared.status_records import DeviceState, WorkerStatus
 
-# How often a serving worker checks its socket even when nothing signals: it may vanish silently.
+# How often a serving worker looks at its socket when the socket cannot be watched (it may vanish silently).
 IDLE_CHECK_SECONDS = 1.0
-# A worker without devices has nothing to check: only an inventory or shutdown can give it work.
+# A worker without devices has nothing to check: only an inventory or shutdown can give it work. Nor has one
+# whose socket is watched, while it waits for a Register answer or serves: the answer, a stream's end and the
+# socket's removal wake it.
 UNTIL_SIGNALLED = None
 BACKOFF_START = 0.2
 BACKOFF_MAX = 5.0
-# How long a worker whose kubelet was replaced waits for the watchdog's restart before it registers with the new
-# kubelet itself (the watchdog notices a new kubelet.sock at once, and a restart takes about a second).
+# How long a worker whose kubelet was replaced waits for the watchdog's order before it registers with the new
+# kubelet itself (the watchdog notices a new kubelet.sock at once and orders the restart within milliseconds:
+# the wait ends early only when the watchdog is down or its order got lost).
 HANDOVER_SECONDS = 5.0
 
 
@@ -77,6 +84,10 @@ class PluginInstance(Protocol):
     @property
     def socket_exists(self) -> bool: ...
 
+    @property
+    def socket_watched(self) -> bool:
+        """Whether a removal of the socket calls the instance's change callback (else it must be looked at)."""
+
     def serve(self) -> None: ...
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> PendingRegistration: ...
@@ -87,7 +98,8 @@ class PluginInstance(Protocol):
 
 
 PluginFactory = Callable[[Callable[[], None]], PluginInstance]
-"""Makes a new instance; the callable it is given is to be called whenever the instance's streams change."""
+"""Makes a new instance; the callable it is given is to be called whenever the instance's streams change and,
+if the instance watches its socket, whenever the socket may have gone."""
 
 
 class Flag(Protocol):
@@ -123,8 +135,9 @@ class Worker:
     """The lifecycle loop: one thread moves the resource towards "served and registered" step by step.
 
     Everything that can change what the next step is (an inventory, a stream
-    opening or ending, a Register answer, shutdown) sets `_attention`; the loop
-    never blocks on the kubelet, so it notices each of them at once.
+    opening or ending, a Register answer, the socket's removal, the watchdog's
+    order, shutdown) sets `_attention`; the loop never blocks on the kubelet, so
+    it notices each of them at once.
     """
 
     def __init__(self, resource: Resource, table: DeviceTable, new_plugin: PluginFactory,
@@ -139,8 +152,11 @@ class Worker:
         self._run_dir = run_dir
         self._shutdown = shutdown
         self._clock = clock
-        # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, shutdown.
+        # Set by anything the lifecycle loop must react to: inventory, streams, Register answers, the socket's
+        # removal, the watchdog's order, shutdown.
         self._attention = threading.Event()
+        # Set by the signal thread when the watchdog orders a restart; cleared by the lifecycle loop.
+        self._restart_ordered = threading.Event()
         # The fields below belong to the lifecycle loop's thread.
         self._server: PluginInstance | None = None
         self._phase = Phase.UNREGISTERED
@@ -151,6 +167,7 @@ class Worker:
         self._retry_at = 0.0
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
+        self._socket_lookup = Backoff()  # the pause between looks for kubelet.sock while handing over
         self._reported: WorkerStatus | None = None
         # Set by the subscriber thread: when the scan behind the current inventory ran (CLOCK_MONOTONIC, s).
         self._scanned_at: float | None = None
@@ -170,6 +187,11 @@ class Worker:
         self._attention.set()
 
     def wake(self) -> None:
+        self._attention.set()
+
+    def order_restart(self) -> None:
+        """The watchdog's order to restart the device plugin, the kubelet having restarted (any thread)."""
+        self._restart_ordered.set()
         self._attention.set()
 
     def run(self) -> None:
@@ -204,11 +226,16 @@ class Worker:
             self._reported = status
 
     def _step(self) -> float | None:
+        if self._restart_ordered.is_set():
+            self._restart_ordered.clear()
+            self._restart_plugin()
         if not (self.table.synced and self.table.devices()):
             if self._server is not None:
                 self._stop_serving()
-                # A later instance for this resource starts with no health history.
+                # A later instance for this resource starts with no health history, and meets whichever
+                # kubelet is there then as a newcomer.
                 self.table.forget_history()
+                self._asked_kubelet = None
                 logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
             return UNTIL_SIGNALLED
         # A kubelet restart removes the socket and ends the stream too; then the handover below says what happens.
@@ -233,9 +260,9 @@ class Worker:
             return self._finish_registration(self._server)
         if self._phase is Phase.UNREGISTERED:
             return self._register(self._server)
-        return IDLE_CHECK_SECONDS
+        return _idle(self._server)
 
-    def _register(self, server: PluginInstance) -> float:
+    def _register(self, server: PluginInstance) -> float | None:
         now = self._clock()
         if now < self._retry_at:
             return self._retry_at - now
@@ -246,13 +273,13 @@ class Worker:
         self._asked_kubelet = kubelet
         self._registration = server.register(self._kubelet_socket, self.wake)
         self._phase = Phase.REGISTERING
-        return IDLE_CHECK_SECONDS
+        return _idle(server)
 
-    def _finish_registration(self, server: PluginInstance) -> float:
+    def _finish_registration(self, server: PluginInstance) -> float | None:
         registration = self._registration
         assert registration is not None, "REGISTERING without a call in flight"
         if not registration.done():
-            return IDLE_CHECK_SECONDS
+            return _idle(server)
         self._registration = None
         try:
             registration.result()
@@ -264,11 +291,27 @@ class Worker:
         self._waiting_for = None
         self._backoff.reset()
         server.log_registered()
-        return IDLE_CHECK_SECONDS
+        return _idle(server)
+
+    def _restart_plugin(self) -> None:
+        """Obey the watchdog's order: the instance a replaced kubelet knew goes, and with it the devices' health
+        history; the steps that follow serve a new one and register it with the kubelet there now."""
+        # The watchdog saw a new kubelet.sock: whatever registration is due can be tried now.
+        self._retry_at = 0.0
+        self._backoff.reset()
+        kubelet = self._kubelet_identity()
+        if self._asked_kubelet is None or self._asked_kubelet == kubelet:
+            return  # no kubelet has this instance yet (or none serves), or the one there now already has it
+        logger.info("Restarting device plugin for the new kubelet", resourceName=self._resource.value)
+        if self._server is not None:
+            self._stop_serving()
+        self.table.forget_history()
+        self._asked_kubelet, self._handing_over, self._handover_deadline = None, False, None
+        self._waiting_for = None
 
     def _await_replacement(self) -> float | None:
         """While the kubelet this instance called Register on has been replaced, not serving and waiting for the
-        watchdog's restart: how long to wait before looking again; None once there is nothing to wait for."""
+        watchdog's order: how long to wait before looking again; None once there is nothing to wait for."""
         kubelet = self._kubelet_identity()
         if self._asked_kubelet is None or kubelet == self._asked_kubelet:
             # The same kubelet after all (its socket was only out of sight for a moment): nothing to wait for.
@@ -276,12 +319,15 @@ class Worker:
             return None
         if not self._handing_over:
             self._handing_over = True
-            logger.info("Kubelet restarted; waiting for the watchdog to restart this worker",
+            self._socket_lookup.reset()
+            logger.info("Kubelet restarted; waiting for the watchdog's order to restart the device plugin",
                         resourceName=self._resource.value)
             if self._server is not None:
                 self._stop_serving()
         if kubelet is None:
-            return IDLE_CHECK_SECONDS  # the new kubelet has no socket yet: the watchdog's cue is still to come
+            # The new kubelet has no socket yet: the watchdog's order is still to come. Looked for again after
+            # a growing pause, as at the start: the kubelet may be down for long.
+            return self._socket_lookup.next()
         now = self._clock()
         if self._handover_deadline is None:
             self._handover_deadline = now + HANDOVER_SECONDS
@@ -314,3 +360,8 @@ class Worker:
         self._server.stop()
         self._server = None
         self._phase = Phase.UNREGISTERED
+
+
+def _idle(server: PluginInstance) -> float | None:
+    """How long a serving worker with nothing to do waits: until woken, unless its socket must be looked at."""
+    return UNTIL_SIGNALLED if server.socket_watched else IDLE_CHECK_SECONDS

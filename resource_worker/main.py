@@ -21,6 +21,7 @@ from resource_worker.lifecycle import PluginInstance, Worker
 from shared.config import Settings
 from shared.plugin_socket import remove_stale_sockets
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.programs import PLUGIN_RESTART_SIGNAL
 from shared.resources import Resource
 from shared.subscriber import InventorySubscriber
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     serving = DeferredServing(settings, table)
     worker = Worker(resource, table, serving.new_plugin, settings.kubelet_socket, settings.run_dir, shutdown)
     shutdown.on_request(worker.wake)
+    shutdown.on_signal(PLUGIN_RESTART_SIGNAL, worker.order_restart)
     context = zmq.Context()
     subscriber = InventorySubscriber(context, settings.run_dir, resource, worker.on_inventory,
                                      heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))

@@ -13,6 +13,7 @@ import pathlib
 import threading
 from collections.abc import Callable
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 from loguru import logger
@@ -27,6 +28,9 @@ from shared.metrics import Recorder
 from shared.plugin_socket import new_socket_name
 from shared.tracing import AllocationTracer
 
+if TYPE_CHECKING:
+    from resource_worker.socket_watch import SocketWatch
+
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
 SERVER_THREADS = 16
 STOP_GRACE = 1.0
@@ -34,9 +38,15 @@ STOP_GRACE = 1.0
 
 class PluginServer:
     def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
-                 on_stream_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder):
+                 on_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder,
+                 socket_watch: SocketWatch | None = None):
+        """`on_change`: called whenever a stream opens or ends and, from the first Register on, whenever the
+        socket file may have gone. `socket_watch`: the process's own unless given."""
         self._table = table
-        self.streams = StreamTracker(on_stream_change)
+        self._on_change = on_change
+        self._socket_watch = socket_watch
+        self._watch: int | None = None
+        self.streams = StreamTracker(on_change)
         self._stopping = threading.Event()
         self.socket_name = new_socket_name(table.resource)
         self.socket_path = plugin_dir / self.socket_name
@@ -55,7 +65,20 @@ class PluginServer:
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> Registration:
         """Start registering this instance's socket; `on_done` is called when the kubelet has answered."""
-        return Registration(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS, on_done)
+        registration = Registration(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS, on_done)
+        if self._watch is None:
+            self._watch_socket()
+        return registration
+
+    def _watch_socket(self) -> None:
+        """Watch the socket, once the first Register is on its way: a process's first watch costs some 10 ms
+        (inotify_simple's imports, its look-up of libc), which the registration need not wait for."""
+        if self._socket_watch is None:
+            from resource_worker.socket_watch import shared_watch
+
+            self._socket_watch = shared_watch()
+        if self._socket_watch is not None:
+            self._watch = self._socket_watch.watch(self.socket_path, self._on_change)
 
     def log_registered(self) -> None:
         devices = self._table.devices()
@@ -69,7 +92,14 @@ class PluginServer:
     def socket_exists(self) -> bool:
         return self.socket_path.exists()
 
+    @property
+    def socket_watched(self) -> bool:
+        return self._watch is not None
+
     def stop(self) -> None:
+        if self._socket_watch is not None and self._watch is not None:
+            self._socket_watch.unwatch(self._watch)
+            self._watch = None
         self._stopping.set()
         self._table.wake_all()
         self._server.stop(STOP_GRACE).wait()

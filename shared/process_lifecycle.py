@@ -60,7 +60,8 @@ class ShutdownSignal:
     So the handler does nothing: the interpreter writes the signal number to a
     wakeup pipe, and a thread of ours reads it, logs it and runs the listeners
     with no lock held by anyone. That thread is woken even while the main thread
-    waits inside a C call.
+    waits inside a C call. `on_signal` hands that thread other signals too (the
+    interpreter has one wakeup fd).
     """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
@@ -69,6 +70,8 @@ class ShutdownSignal:
         # Guards `_listeners` and the once-only transition in request().
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+        # Other signals' listeners, each set before its handler is installed; read by the signal thread.
+        self._orders: dict[int, Callable[[], None]] = {}
         # Readable once shutdown is requested, for loops that wait in select().
         self._ready_read, self._ready_write = os.pipe()
         # Clear while the thread tells supervisord that the stack is stopping.
@@ -99,6 +102,14 @@ class ShutdownSignal:
                         stop_with_the_stack(self._environ)
                     finally:
                         self._stack_told.set()
+                elif signum in self._orders and not self._event.is_set():
+                    self._orders[signum]()
+
+    def on_signal(self, signum: signal.Signals, listener: Callable[[], None]) -> None:
+        """Call `listener` from the signal thread whenever `signum` arrives, until shutdown is requested
+        (call from the main thread, after install)."""
+        self._orders[signum] = listener
+        signal.signal(signum, _wake_only)
 
     def settle(self) -> None:
         """Get ready to exit: runs at exit, or from exit_now."""

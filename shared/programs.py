@@ -7,6 +7,8 @@ which of them run depends on RESOURCE_API (`programs_for`): the three device plu
 
 from __future__ import annotations
 
+import signal
+
 from shared.config import ResourceApi
 from shared.resources import Resource
 
@@ -18,6 +20,10 @@ WORKERS = tuple(resource.process_name for resource in Resource)
 PROGRAMS = (SCANNER, *WORKERS, WATCHDOG)
 DRA_PROGRAMS = (SCANNER, WORKER_DRA, WATCHDOG)
 ALL_PROGRAMS = (SCANNER, *WORKERS, WORKER_DRA, WATCHDOG)
+# The watchdog's order to a worker to restart its device plugin (the kubelet restarted). A signal whose default
+# action is to do nothing: a worker not yet listening for it drops it, and such a worker has not registered
+# yet, so its first Register goes to the new kubelet anyway.
+PLUGIN_RESTART_SIGNAL = signal.SIGWINCH
 
 
 def programs_for(api: ResourceApi) -> tuple[str, ...]:

@@ -1,12 +1,13 @@
-"""supervisord's programs over XML-RPC, on the bounded transport: states, restarts, shutdown.
+"""supervisord's programs over XML-RPC, on the bounded transport: states, signals, shutdown.
 
-Used by the watchdog (restarts, shutdown, the probes' program states) and by `rbln-device-plugin status`.
+Used by the watchdog (its orders to the workers, shutdown, the probes' program states) and by
+`rbln-device-plugin status`.
 """
 
 from __future__ import annotations
 
 import pathlib
-import time
+import signal
 import xmlrpc.client
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,13 +16,6 @@ from xml.parsers.expat import ExpatError
 from supervisor.xmlrpc import Faults
 
 from shared.supervisord import transport
-
-# Longer than supervisor.conf's stopwaitsecs, after which supervisord kills a program that will not stop.
-STOP_TIMEOUT = 6.0
-# How often a restart asks whether the stopped programs are down. A quick question
-# also wakes supervisord's loop, so it reaps an exited program at once.
-_POLL_SECONDS = 0.02
-_STOPPED_STATES = frozenset({"STOPPED", "EXITED", "FATAL"})
 
 
 class SupervisorError(RuntimeError):
@@ -33,7 +27,7 @@ class SupervisorStopping(SupervisorError):
 
 
 def _checked(results: Iterable[Any], tolerated: int) -> None:
-    """Raise the first fault of a multicall's results, except `tolerated` (the call was already done)."""
+    """Raise the first fault of a multicall's results, except `tolerated` (a fault that means nothing to do)."""
     for result in results:
         if isinstance(result, dict) and "faultCode" in result and result["faultCode"] != tolerated:
             raise xmlrpc.client.Fault(result["faultCode"], result["faultString"])
@@ -72,12 +66,9 @@ def connect(run_dir: pathlib.Path) -> Supervisor:
 
 
 class Supervisor:
-    def __init__(self, proxy: Any, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, proxy: Any):
         """`proxy`: an XML-RPC ServerProxy of supervisord (its `supervisor` and `system` namespaces)."""
         self._proxy = proxy
-        self._clock = clock
-        self._sleep = sleep
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
         try:
@@ -88,11 +79,6 @@ class Supervisor:
             raise SupervisorError(f"{what}: {fault.faultString}") from None
         except (OSError, xmlrpc.client.Error) as exc:
             raise SupervisorError(f"{what}: {exc}") from None
-
-    def _each(self, what: str, method: str, names: list[str], tolerated: int) -> None:
-        """Call `method(name, wait=False)` for every name in one request."""
-        calls = [{"methodName": f"supervisor.{method}", "params": [name, False]} for name in names]
-        self._call(what, lambda: _checked(self._proxy.system.multicall(calls), tolerated))
 
     def programs(self) -> dict[str, dict]:
         """Every program's process info, keyed by name; but the programs supervisord never started: those of
@@ -106,22 +92,13 @@ class Supervisor:
         program table is kilobytes); SupervisorError otherwise."""
         self._call("asking supervisord's state", self._proxy.supervisor.getState)
 
-    def restart(self, names: Iterable[str]) -> None:
-        """Stop all of `names` at once and start each again as soon as it is down."""
-        pending = list(names)
-        what = f"restarting {', '.join(pending)}"
-        self._each(what, "stopProcess", pending, tolerated=Faults.NOT_RUNNING)
-        deadline = self._clock() + STOP_TIMEOUT
-        while pending:
-            states = self.programs()
-            down = [name for name in pending if states.get(name, {}).get("statename") in _STOPPED_STATES]
-            if down:
-                self._each(what, "startProcess", down, tolerated=Faults.ALREADY_STARTED)
-                pending = [name for name in pending if name not in down]
-            elif self._clock() >= deadline:
-                raise SupervisorError(f"{what}: still not stopped after {STOP_TIMEOUT:g}s: {', '.join(pending)}")
-            else:
-                self._sleep(_POLL_SECONDS)
+    def send_signal(self, names: Iterable[str], signum: signal.Signals) -> None:
+        """Send `signum` to each of `names` that has a process, in one request. One that has none (stopped,
+        or waiting to be started again after an exit) is skipped: it has nobody to tell."""
+        targets = list(names)
+        calls = [{"methodName": "supervisor.signalProcess", "params": [name, signum.name]} for name in targets]
+        self._call(f"sending {signum.name} to {', '.join(targets)}",
+                   lambda: _checked(self._proxy.system.multicall(calls), tolerated=Faults.NOT_RUNNING))
 
     def shutdown(self) -> None:
         self._call("requesting shutdown", self._proxy.supervisor.shutdown)

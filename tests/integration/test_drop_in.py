@@ -46,9 +46,11 @@ def test_the_default_is_true_and_quiet(make_node, kubelet, start_stack):
 
 def test_stale_transient_cdi_specs_are_removed_again_when_the_kubelet_restarts(make_node, kubelet, start_stack):
     node = make_node("1")
-    stack = start_stack(node)
+    stack = start_stack(node, RBLN_DEVICE_PLUGIN_LOG_LEVEL="debug")
     kubelet.wait_for_devices(NPU, {"rbln0": "Healthy"}, timeout=30)
     stack.wait_for_record(START, count=len(PROGRAMS))
+    # The watchdog watches kubelet.sock from before its first check: a restart earlier is not its to see.
+    stack.wait_for_record("Probe state", process="watchdog")
     # Left by something else since the stack started (the start removed the earlier ones).
     stale = [node.cdi_root / f"{TRANSIENT_SPEC_PREFIX}{name}" for name in ("0.yaml", "claim-1.json")]
     kept = node.cdi_root / "rbln.yaml"  # the container toolkit's spec is not the plugin's to remove

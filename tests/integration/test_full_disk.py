@@ -12,6 +12,7 @@ import pathlib
 import sys
 
 from shared.programs import WORKERS
+from shared.supervisord.client import server_proxy
 from simulator.node import SimulatedNode
 from simulator.stack import ENTRYPOINT, StackProcess
 from tests.support.metrics_scrape import scrape_text
@@ -21,7 +22,7 @@ from tests.support.supervision import (
     NODE,
     SERVING,
     await_health,
-    await_restarted_workers,
+    await_restarted_plugins,
     await_serving,
     health,
     registrations,
@@ -30,6 +31,7 @@ from tests.support.waiting import wait_until
 
 VF4 = "rebellions.ai/npu-vf4"
 TMPFS_SIZE = "4m"
+NOT_WRITTEN = "Log file not written; logging to stdout only"
 
 
 def on_own_tmpfs(directory: pathlib.Path) -> list[str]:
@@ -66,6 +68,17 @@ def deaths(stack: StackProcess) -> list[str]:
     return [line for line in stack.stderr_lines if "exited:" in line and "not expected" in line]
 
 
+def new_workers(kubelet, run_dir: pathlib.Path) -> None:
+    """Every worker stopped and started again by supervisord, each a new process that needs its files anew (a
+    kubelet restart keeps the processes), and serving again. `run_dir`: as the test sees it."""
+    before = registrations(kubelet)
+    supervisor = server_proxy(run_dir).supervisor
+    for worker in WORKERS:
+        supervisor.stopProcess(worker)  # returns once it is stopped
+        supervisor.startProcess(worker, False)
+    await_serving(kubelet, since=before)
+
+
 def start(node: SimulatedNode, directory: pathlib.Path) -> tuple[StackProcess, int, int]:
     health_port, metrics_port = free_port(), free_port()
     environ = {**os.environ, **node.env("200ms"), "HEALTHCHECK_PORT": str(health_port),
@@ -79,17 +92,20 @@ def test_a_full_run_dir_costs_the_metrics_and_no_process(make_node, kubelet):
     try:
         await_serving(kubelet)
         await_health(health_port, liveness=SERVING, readiness=SERVING)
-        with filled(seen_by(stack, node.run_dir)):
-            # Restarted workers need new value files: they cannot have them, and serve without.
-            before = registrations(kubelet)
-            kubelet.restart()
-            await_restarted_workers(stack, starts=2)
-            await_serving(kubelet, since=before)
+        run_dir = seen_by(stack, node.run_dir)
+        with filled(run_dir):
+            # New workers need new value files: they cannot have them, and serve without.
+            new_workers(kubelet, run_dir)
             for _ in range(3):
                 assert kubelet.allocate(VF4, [sorted(DEVICES[VF4])[:1]]).container_responses[0].devices
             reported = stack.wait_for_record("Metrics cannot be recorded; continuing without them",
                                              process="worker-npu-vf4")
             assert reported[-1]["path"] == str(node.run_dir / "metrics")
+            # A kubelet restart meanwhile: the device plugins restart in their processes.
+            before = registrations(kubelet)
+            kubelet.restart()
+            await_restarted_plugins(stack, restarts=1)
+            await_serving(kubelet, since=before)
             # The probes still see every program's status: the status files are written without new space.
             wait_until(lambda: health(health_port, "liveness") == SERVING
                        and health(health_port, "readiness") == SERVING, 15, "the probes on a full run dir")
@@ -116,11 +132,8 @@ def test_a_full_log_dir_stops_the_log_files_and_never_stdout(make_node, kubelet)
         log_dir = seen_by(stack, node.log_dir)
         wait_until(lambda: len(list(log_dir.glob("*.log"))) == 5, 15, "a log file for each program")
         with filled(log_dir):
-            before = registrations(kubelet)
-            kubelet.restart()  # a burst of records from every worker
-            await_restarted_workers(stack, starts=2)
-            await_serving(kubelet, since=before)
-            (reported, *_) = stack.wait_for_record("Log file not written; logging to stdout only")
+            new_workers(kubelet, node.run_dir)  # a burst of records from every worker
+            (reported, *_) = stack.wait_for_record(NOT_WRITTEN)
             assert reported["path"] == str(node.log_dir) and "No space left" in reported["err"]
             process = reported["process"]
             await_health(health_port, liveness=SERVING, readiness=SERVING)
@@ -132,15 +145,19 @@ def test_a_full_log_dir_stops_the_log_files_and_never_stdout(make_node, kubelet)
                 json.loads(line)
         before = registrations(kubelet)
         kubelet.restart()
-        await_restarted_workers(stack, starts=3)
+        await_restarted_plugins(stack, restarts=1)
         await_serving(kubelet, since=before)
-        # Space again: the new workers write their files, and a process that saw the full dir says so once.
+        # Space again: the workers write their files, and a process that saw the full dir says so once.
         wait_until(lambda: all((log_dir / f"{worker}.log").stat().st_size > sizes[worker] for worker in WORKERS),
                    15, "the workers' log files written again")
-        if process not in WORKERS:
-            stack.wait_for_record("Log file written again", process=process)
+        stack.wait_for_record("Log file written again", process=process)
         assert deaths(stack) == []
         assert not [line for line in stack.stderr_lines if "Logging error" in line]
-        assert len(stack.find("Log file not written; logging to stdout only", process=process)) == 1
+        # Said once per change by the process running now (a worker's process before new_workers may have said
+        # so too; a record that fits the file's last page is written even on a full file system).
+        own = [r["msg"] for r in stack.find(process=process)]
+        changes = [msg for msg in own[len(own) - own[::-1].index("Starting rbln-device-plugin"):]
+                   if msg in (NOT_WRITTEN, "Log file written again")]
+        assert changes[0] == NOT_WRITTEN and changes == [NOT_WRITTEN, "Log file written again"] * (len(changes) // 2)
     finally:
         assert stack.stop() == 0

@@ -34,7 +34,7 @@ from tests.support.supervision import (
     NOT_SERVING,
     SERVING,
     await_health,
-    await_restarted_workers,
+    await_restarted_plugins,
     await_serving,
     health,
     program_info,
@@ -53,15 +53,14 @@ def crit_lines(stack: StackProcess) -> list[str]:
 
 
 def probes_and_the_watchdog_hold(stack: StackProcess, kubelet, health_port: int, restarts: int = 1) -> None:
-    """Under an attack: probes as the kubelet makes them are answered, and a kubelet restart is followed by
-    every resource registering again and the probes passing again (liveness follows the workers' restart:
-    they are not RUNNING for the moment supervisord starts them)."""
+    """Under an attack: probes as the kubelet makes them are answered, and a kubelet restart (the `restarts`-th)
+    is followed by every device plugin restarting and registering again and the probes passing again."""
     for _ in range(10):
         assert health(health_port, "liveness", timeout=1.0) == SERVING
         assert health(health_port, "readiness", timeout=1.0) == SERVING
     before = registrations(kubelet)
     kubelet.restart()
-    await_restarted_workers(stack, starts=restarts + 1)
+    await_restarted_plugins(stack, restarts=restarts)
     await_serving(kubelet, since=before)
     wait_until(lambda: health(health_port, "liveness", timeout=1.0) == SERVING
                and health(health_port, "readiness", timeout=1.0) == SERVING, 30, "the probes after the kubelet restart")

@@ -27,7 +27,7 @@ from tests.support.supervision import (
     VF1,
     VF4,
     await_health,
-    await_restarted_workers,
+    await_restarted_plugins,
     await_serving,
     health,
     program_info,
@@ -50,13 +50,20 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
     node = make_node(NODE)
     stack = start_stack(node)
     await_serving(kubelet)
+    pids = {name: info["pid"] for name, info in program_info(node).items()}
     for round_ in range(5):
         before = registrations(kubelet)
         kubelet.restart()
-        await_restarted_workers(stack, starts=round_ + 2)
+        await_restarted_plugins(stack, restarts=round_ + 1)
         await_serving(kubelet, since=before)
     detected = stack.find("Detected kubelet socket recreation; restarting device plugins")
     assert len(detected) == 5 and all(r["process"] == "watchdog" and r["level"] == "info" for r in detected)
+    restarted = stack.find("Restarting device plugin for the new kubelet")
+    assert sorted(r["resourceName"] for r in restarted) == sorted(5 * list(DEVICES))
+    assert {r["level"] for r in restarted} == {"info"}
+    # In place: every process is the one that started.
+    assert {name: info["pid"] for name, info in program_info(node).items()} == pids
+    assert all(len(stack.find("Starting rbln-device-plugin", process=worker)) == 1 for worker in WORKERS)
     # One registration per restart and resource: an old instance leaves the new kubelet to its successor.
     assert registrations(kubelet) == dict.fromkeys(kubelet.resources(), 6)
     assert not stack.find("No restart came after the kubelet restarted; registering with the new kubelet")
@@ -79,6 +86,39 @@ def test_five_kubelet_restarts_in_a_row_and_a_stream_the_kubelet_ends(make_node,
     assert listening_ports(program_info(node)["watchdog"]["pid"]) == set()
 
 
+def test_a_removed_plugin_socket_is_served_anew_and_registered_by_that_worker_alone(make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    before = registrations(kubelet)
+    old = kubelet.resources()[VF1].endpoint
+    (node.plugin_dir / old).unlink()  # by something other than the kubelet: nothing else tells the worker
+    await_serving(kubelet, since={VF1: before[VF1]})
+    (removed,) = stack.wait_for_record("Device plugin socket was removed; serving on a new one")
+    assert (removed["resourceName"], removed["endpoint"], removed["level"]) == (VF1, old, "warn")
+    assert kubelet.resources()[VF1].endpoint != old
+    assert registrations(kubelet) == {**before, VF1: before[VF1] + 1}
+    assert sockets(node.plugin_dir) == {"kubelet.sock"} | {view.endpoint for view in kubelet.resources().values()}
+
+
+def test_a_kubelet_restart_while_a_worker_is_stopped_orders_the_others_and_the_stopped_one_starts_fresh(
+        make_node, kubelet, start_stack):
+    node = make_node(NODE)
+    stack = start_stack(node)
+    await_serving(kubelet)
+    supervisor = server_proxy(node.run_dir).supervisor
+    supervisor.stopProcess("worker-npu-vf1")  # no process: supervisord refuses to signal it
+    before = registrations(kubelet)
+    kubelet.restart()
+    restarted = stack.wait_for_record("Restarting device plugin for the new kubelet", count=2)
+    assert sorted(r["resourceName"] for r in restarted) == sorted([NPU, VF4])
+    supervisor.startProcess("worker-npu-vf1", False)
+    await_serving(kubelet, since=before)
+    assert registrations(kubelet) == {resource: count + 1 for resource, count in before.items()}
+    assert not stack.find("Restarting device plugins failed")
+    assert len(stack.find("Starting rbln-device-plugin", process="worker-npu-vf1")) == 2
+
+
 def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_itself(make_node, kubelet,
                                                                                     start_stack):
     node = make_node(NODE)
@@ -89,7 +129,7 @@ def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_its
     kubelet.restart()
     # Nobody restarts the workers: after their wait each registers the instance it has, once.
     await_serving(kubelet, since=before)
-    waited = stack.wait_for_record("Kubelet restarted; waiting for the watchdog to restart this worker",
+    waited = stack.wait_for_record("Kubelet restarted; waiting for the watchdog's order to restart the device plugin",
                                    count=len(DEVICES))
     gave_up = stack.wait_for_record("No restart came after the kubelet restarted; registering with the new kubelet",
                                     count=len(DEVICES))
@@ -97,6 +137,7 @@ def test_without_the_watchdog_each_worker_registers_with_a_restarted_kubelet_its
     assert {r["level"] for r in gave_up} == {"warn"}
     assert registrations(kubelet) == {resource: count + 1 for resource, count in before.items()}
     assert all(len(stack.find("Starting rbln-device-plugin", process=worker)) == 1 for worker in WORKERS)
+    assert not stack.find("Restarting device plugin for the new kubelet")
     assert {name: view.devices.keys() for name, view in kubelet.resources().items()} == DEVICES
 
 
@@ -130,7 +171,7 @@ def test_each_process_killed_in_turn_is_replaced_without_interrupting_the_others
     # The new watchdog watches the kubelet socket too.
     before = registrations(kubelet)
     kubelet.restart()
-    await_restarted_workers(stack, starts=3)
+    await_restarted_plugins(stack, restarts=1)
     await_serving(kubelet, since=before)
 
 

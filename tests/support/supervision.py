@@ -1,5 +1,5 @@
 """The real stack under supervision, as its tests see it: every resource served,
-workers restarted, the health service and `rbln-device-plugin status`."""
+device plugins restarted, the health service and `rbln-device-plugin status`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ NODE = "1,1:vf1,1:vf4"
 DEVICES = {NPU: {"rbln0"}, VF1: {"rbln1-0"}, VF4: {"rbln2-0", "rbln2-1", "rbln2-2", "rbln2-3"}}
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+RESTARTING = "Restarting device plugin for the new kubelet"
+REGISTERED = "Registered device plugin with kubelet"
 
 
 def registrations(kubelet) -> dict[str, int]:
@@ -41,16 +43,16 @@ def await_serving(kubelet, since: dict[str, int] | None = None, timeout: float =
     kubelet.wait_for(serving, timeout, "every resource served")
 
 
-def await_restarted_workers(stack, starts: int, timeout: float = 30.0) -> None:
-    """Each worker started `starts` times, and its latest instance has registered."""
+def await_restarted_plugins(stack, restarts: int, timeout: float = 30.0) -> None:
+    """Each worker restarted its device plugin `restarts` times (the watchdog's orders at kubelet restarts),
+    and its latest instance has registered."""
     for worker in WORKERS:
-        stack.wait_for_record("Starting rbln-device-plugin", count=starts, process=worker, timeout=timeout)
+        stack.wait_for_record(RESTARTING, count=restarts, process=worker, timeout=timeout)
 
     def registered_last():
-        return all([r["msg"] for r in stack.find(process=worker)
-                    if r["msg"] in ("Starting rbln-device-plugin", "Registered device plugin with kubelet")][-1]
-                   == "Registered device plugin with kubelet" for worker in WORKERS)
-    wait_until(registered_last, timeout, "the restarted workers to register")
+        return all([r["msg"] for r in stack.find(process=worker) if r["msg"] in (RESTARTING, REGISTERED)][-1]
+                   == REGISTERED for worker in WORKERS)
+    wait_until(registered_last, timeout, "the restarted device plugins to register")
 
 
 def program_info(node) -> dict[str, dict]:

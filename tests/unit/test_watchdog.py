@@ -18,8 +18,8 @@ from rbln_device_plugin.status import build_report, render_text
 from shared.config import Settings
 from shared.metrics import Recorder
 from shared.pod_resources import Holder
-from shared.programs import PROGRAMS, WORKERS
-from shared.supervisord.client import STOP_TIMEOUT, Supervisor, SupervisorError, SupervisorStopping
+from shared.programs import PLUGIN_RESTART_SIGNAL, PROGRAMS, WORKERS
+from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping
 from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
 from tests.support.status_samples import running, scanner_status, worker_status
 
@@ -142,16 +142,15 @@ def test_socket_watch_falls_back_to_the_identity_check_without_events(short_tmp)
     watcher.close()
 
 
-# Restarting the workers through supervisord
+# Ordering the workers' restarts through supervisord
 
 
 class FakeSupervisord:
-    """supervisord's XML-RPC namespaces: a worker stops `stop_polls` state reads after stopProcess."""
+    """supervisord's XML-RPC namespaces: signalProcess as supervisord answers it, for programs in `states`."""
 
-    def __init__(self, stop_polls: dict[str, int], fault: int | None = None):
-        self.calls: list[tuple[str, str]] = []
-        self.stop_polls = dict(stop_polls)
-        self.states = {name: "RUNNING" for name in WORKERS}
+    def __init__(self, states: dict[str, str], fault: int | None = None):
+        self.signalled: list[tuple[str, str]] = []
+        self.states = states
         self.fault = fault
         self.supervisor = self
         self.system = self
@@ -161,62 +160,29 @@ class FakeSupervisord:
             raise xmlrpc.client.Fault(self.fault, "fault")
         results = []
         for call in calls:
-            method, (name, wait) = call["methodName"].removeprefix("supervisor."), call["params"]
-            assert wait is False
-            self.calls.append((method, name))
-            if method == "stopProcess" and self.states[name] != "RUNNING":
-                results.append({"faultCode": Faults.NOT_RUNNING, "faultString": "NOT_RUNNING"})
+            assert call["methodName"] == "supervisor.signalProcess"
+            name, signame = call["params"]
+            if self.states[name] not in ("RUNNING", "STARTING", "STOPPING"):  # no process to signal
+                results.append({"faultCode": Faults.NOT_RUNNING, "faultString": f"NOT_RUNNING: {name}"})
                 continue
-            self.states[name] = "STOPPING" if method == "stopProcess" else "RUNNING"
+            self.signalled.append((name, signame))
             results.append(True)
         return results
 
-    def getAllProcessInfo(self):
-        for name, polls in self.stop_polls.items():
-            if self.states[name] == "STOPPING":
-                self.stop_polls[name] = polls - 1
-                if polls <= 1:
-                    self.states[name] = "STOPPED"
-        return [{"name": name, "statename": state} for name, state in self.states.items()]
 
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
-def test_restart_stops_every_worker_at_once_and_starts_each_as_soon_as_it_is_down():
-    supervisord = FakeSupervisord({"worker-npu": 3, "worker-npu-vf1": 1, "worker-npu-vf4": 2})
-    supervisord.states["worker-npu-vf1"] = "EXITED"  # already down: not an error
-    clock = FakeClock()
-    Supervisor(supervisord, clock, clock.sleep).restart(WORKERS)
-    stops = [("stopProcess", name) for name in WORKERS]
-    assert supervisord.calls[:3] == stops
-    assert supervisord.calls[3:] == [("startProcess", "worker-npu-vf1"), ("startProcess", "worker-npu-vf4"),
-                                     ("startProcess", "worker-npu")]
-    assert set(supervisord.states.values()) == {"RUNNING"}
-
-
-def test_restart_gives_up_on_a_worker_that_does_not_stop():
-    supervisord = FakeSupervisord({"worker-npu": 10**9, "worker-npu-vf1": 1, "worker-npu-vf4": 1})
-    clock = FakeClock()
-    with pytest.raises(SupervisorError, match="worker-npu"):
-        Supervisor(supervisord, clock, clock.sleep).restart(WORKERS)
-    assert clock.now >= STOP_TIMEOUT
+def test_the_restart_order_goes_to_every_worker_with_a_process_in_one_request():
+    supervisord = FakeSupervisord({"worker-npu": "RUNNING", "worker-npu-vf1": "BACKOFF",
+                                   "worker-npu-vf4": "STARTING"})
+    Supervisor(supervisord).send_signal(WORKERS, PLUGIN_RESTART_SIGNAL)
+    # One waiting to start again has no process: it registers with the new kubelet when it starts.
+    assert supervisord.signalled == [("worker-npu", "SIGWINCH"), ("worker-npu-vf4", "SIGWINCH")]
 
 
 def test_a_stopping_supervisord_is_told_apart_from_other_failures():
-    clock = FakeClock()
     with pytest.raises(SupervisorStopping):
-        Supervisor(FakeSupervisord({}, fault=Faults.SHUTDOWN_STATE), clock, clock.sleep).restart(WORKERS)
+        Supervisor(FakeSupervisord({}, fault=Faults.SHUTDOWN_STATE)).send_signal(WORKERS, PLUGIN_RESTART_SIGNAL)
     with pytest.raises(SupervisorError) as failed:
-        Supervisor(FakeSupervisord({}, fault=Faults.FAILED), clock, clock.sleep).restart(WORKERS)
+        Supervisor(FakeSupervisord({}, fault=Faults.FAILED)).send_signal(WORKERS, PLUGIN_RESTART_SIGNAL)
     assert not isinstance(failed.value, SupervisorStopping)
 
 
@@ -366,6 +332,23 @@ select.select([shutdown], [], [], 20)
 print(shutdown.signal_name, heard, flush=True)
 """
 
+_ORDER_SCRIPT = """
+import os, select, signal, sys, threading
+from shared import log
+from shared.process_lifecycle import ShutdownSignal
+log.setup("test", {"RBLN_DEVICE_PLUGIN_LOG_DIR": ""})
+shutdown = ShutdownSignal({}).install()
+orders = []
+ordered = threading.Event()
+shutdown.on_signal(signal.SIGWINCH, lambda: (orders.append(threading.current_thread().name), ordered.set()))
+print("ready", flush=True)
+ordered.wait(20)
+print(orders, flush=True)
+select.select([shutdown], [], [], 20)
+os.kill(os.getpid(), signal.SIGWINCH)  # once shutdown is under way, an order is not passed on
+print(orders, shutdown.signal_name, flush=True)
+"""
+
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP],
                          ids=lambda signum: signum.name)
@@ -381,6 +364,18 @@ def test_a_shutdown_signal_is_logged_by_name_and_wakes_select(signum):
     assert [(r["msg"], r["signal"]) for r in records if r["msg"] == "Shutdown signal received"] == \
         [("Shutdown signal received", signum.name)]
     assert out.splitlines()[-1] == f"{signum.name} ['listener']"
+
+
+def test_another_signal_is_handed_to_its_listener_by_the_signal_thread_until_shutdown():
+    process = subprocess.Popen([sys.executable, "-c", _ORDER_SCRIPT], stdout=subprocess.PIPE, text=True,
+                               cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGWINCH)
+    assert process.stdout.readline() == "['shutdown-signal']\n"
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=20)
+    assert process.returncode == 0
+    assert out.splitlines()[-1] == "['shutdown-signal'] SIGTERM"
 
 
 def test_a_health_service_that_cannot_start_is_stopped_and_tried_again_at_the_next_check():

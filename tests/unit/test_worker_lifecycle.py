@@ -23,6 +23,7 @@ from resource_worker.lifecycle import (
     Worker,
 )
 from shared import process_status
+from shared.device_status import UNREADABLE, StatusReading
 from shared.resources import Resource
 from tests.support.inventory import message, record
 
@@ -30,6 +31,9 @@ RESOURCE = Resource.NPU
 KUBELET_SOCKET = pathlib.Path("/kubelet/kubelet.sock")
 FIRST_KUBELET = (1, 7, 1_000)
 RESTARTED_KUBELET = (1, 7, 2_000)  # the same inode number again, bound later
+WAITING = "Kubelet restarted; waiting for the watchdog's order to restart the device plugin"
+RESTARTING = "Restarting device plugin for the new kubelet"
+NO_ORDER = "No restart came after the kubelet restarted; registering with the new kubelet"
 
 
 class FakeRegistration:
@@ -70,6 +74,7 @@ class FakePlugin:
         self.on_stream_change = on_stream_change
         self.streams = FakeStreams()
         self.socket_exists = False
+        self.socket_watched = False  # most tests: a socket the worker has to look at
         self.stopped = False
         self.registrations: list[FakeRegistration] = []
         self.announced = 0
@@ -237,20 +242,25 @@ def test_after_a_kubelet_restart_the_worker_leaves_the_new_registration_to_the_w
         old.socket_exists = False
     else:
         old.streams.dropped = True
-    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    assert rig.worker.step() == BACKOFF_START
     assert old.stopped and len(rig.plugins) == 1 and rig.worker.phase is Phase.UNREGISTERED
     assert rig.status()["registered"] is False and rig.status()["endpoint"] is None
-    assert ("INFO", "Kubelet restarted; waiting for the watchdog to restart this worker") in logged
+    assert ("INFO", WAITING) in logged
     assert not [msg for _, msg in logged if msg.startswith(("Device plugin socket was", "Kubelet ended"))]
-    rig.now += 3 * HANDOVER_SECONDS  # however long the new kubelet takes to make its socket
-    assert rig.worker.step() == IDLE_CHECK_SECONDS and len(rig.plugins) == 1
+    # However long the new kubelet takes to make its socket, it is looked for after a growing pause.
+    pauses = []
+    for _ in range(8):
+        rig.now += HANDOVER_SECONDS
+        pauses.append(rig.worker.step())
+    assert pauses == [2 * BACKOFF_START, 4 * BACKOFF_START, 8 * BACKOFF_START, 16 * BACKOFF_START] + 4 * [BACKOFF_MAX]
+    assert len(rig.plugins) == 1
 
     rig.kubelet = RESTARTED_KUBELET
     assert rig.worker.step() == HANDOVER_SECONDS, "the wait runs from the new kubelet.sock, the watchdog's cue"
     rig.now += 1.0
     assert rig.worker.step() == pytest.approx(HANDOVER_SECONDS - 1.0)
     assert len(rig.plugins) == 1
-    assert [msg for _, msg in logged].count("Kubelet restarted; waiting for the watchdog to restart this worker") == 1
+    assert [msg for _, msg in logged].count(WAITING) == 1
     # No restart came (the watchdog is down, say): the worker registers with the new kubelet itself, once.
     rig.now += HANDOVER_SECONDS - 1.0
     assert rig.worker.step() == IDLE_CHECK_SECONDS
@@ -304,6 +314,138 @@ def test_a_kubelet_restart_during_the_first_registration_is_left_to_the_watchdog
     rig.now += BACKOFF_START
     assert rig.worker.step() == HANDOVER_SECONDS
     assert plugin.stopped and len(plugin.registrations) == 1
+
+
+def health(rig: Rig) -> dict[str, str]:
+    return {d.device_id: d.health.health.value for d in rig.worker.table.devices()}
+
+
+def registered_with_a_health_history(rig: Rig) -> FakePlugin:
+    """REGISTERED, rbln0 unhealthy only through its history (it faulted, its status is unreadable now)."""
+    plugin = rig.registered()
+    for seq, status in ((2, StatusReading(4)), (3, UNREADABLE)):
+        rig.worker.on_inventory(message(devices=[record("rbln0", status=status, observed_at_ns=seq * 100)],
+                                        seq=seq))
+        rig.worker.step()
+    assert health(rig) == {"rbln0": "Unhealthy"} and len(plugin.registrations) == 1
+    return plugin
+
+
+def test_the_watchdogs_order_before_the_worker_notices_the_new_kubelet_replaces_the_instance(rig, logged):
+    old = registered_with_a_health_history(rig)
+    rig.kubelet = RESTARTED_KUBELET
+    rig.worker.order_restart()
+    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    assert old.stopped and len(rig.plugins) == 2
+    new = rig.plugin
+    assert new.socket_exists and len(new.registrations) == 1 and rig.worker.phase is Phase.REGISTERING
+    assert health(rig) == {"rbln0": "Healthy"}, "the new instance starts with no health history"
+    assert ("INFO", RESTARTING) in logged and not [m for _, m in logged if m in (WAITING, NO_ORDER)]
+    new.registrations[0].answer()
+    rig.worker.step()
+    assert rig.worker.phase is Phase.REGISTERED
+    rig.worker.order_restart()  # the same kubelet.sock again (a repeated order): it has this instance already
+    rig.now += 2 * HANDOVER_SECONDS
+    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    assert len(rig.plugins) == 2 and len(new.registrations) == 1 and rig.worker.phase is Phase.REGISTERED
+
+
+@pytest.mark.parametrize("noticed", ["socket removed", "stream ended"])
+def test_the_watchdogs_order_ends_the_wait_of_a_worker_that_noticed_the_new_kubelet_first(rig, logged, noticed):
+    old = registered_with_a_health_history(rig)
+    rig.kubelet = None
+    if noticed == "socket removed":
+        old.socket_exists = False
+    else:
+        old.streams.dropped = True
+    rig.worker.step()
+    assert old.stopped and ("INFO", WAITING) in logged
+    rig.kubelet = RESTARTED_KUBELET
+    assert rig.worker.step() == HANDOVER_SECONDS
+    rig.worker.order_restart()
+    assert rig.worker.step() == IDLE_CHECK_SECONDS
+    assert len(rig.plugins) == 2 and len(rig.plugin.registrations) == 1
+    assert health(rig) == {"rbln0": "Healthy"}
+    rig.plugin.registrations[0].answer()
+    rig.now += 2 * HANDOVER_SECONDS
+    rig.worker.step()
+    assert rig.worker.phase is Phase.REGISTERED and len(rig.plugin.registrations) == 1
+    assert ("INFO", RESTARTING) in logged and ("WARNING", NO_ORDER) not in logged
+
+
+def test_an_order_while_a_register_to_the_old_kubelet_is_in_flight_cancels_it(rig):
+    rig.inventory("rbln0")
+    rig.worker.step()
+    in_flight = rig.plugin.registrations[0]
+    rig.kubelet = RESTARTED_KUBELET
+    rig.worker.order_restart()
+    rig.worker.step()
+    assert in_flight.cancelled and rig.plugins[0].stopped
+    assert len(rig.plugins) == 2 and len(rig.plugin.registrations) == 1
+
+
+def test_an_order_for_an_instance_the_new_kubelet_already_has_replaces_nothing(rig, logged):
+    rig.kubelet = RESTARTED_KUBELET  # the worker started after the kubelet did: its first Register went there
+    plugin = rig.registered()
+    rig.worker.order_restart()
+    rig.worker.step()
+    assert len(rig.plugins) == 1 and not plugin.stopped and len(plugin.registrations) == 1
+    assert rig.worker.phase is Phase.REGISTERED and ("INFO", RESTARTING) not in logged
+
+
+def test_an_order_to_a_worker_waiting_for_the_kubelet_socket_registers_at_once(rig):
+    rig.kubelet = None
+    rig.inventory("rbln0")
+    for _ in range(4):  # the pause before the next look has grown
+        rig.now += rig.worker.step()
+    rig.kubelet = RESTARTED_KUBELET
+    rig.worker.order_restart()
+    rig.worker.step()
+    assert len(rig.plugins) == 1 and len(rig.plugin.registrations) == 1
+
+
+def test_an_order_when_the_new_kubelet_sock_is_gone_again_serves_a_new_instance_that_waits_for_it(rig, logged):
+    old = rig.registered()
+    rig.kubelet = None
+    rig.worker.order_restart()
+    assert rig.worker.step() == BACKOFF_START
+    assert old.stopped and len(rig.plugins) == 2 and rig.plugin.socket_exists and not rig.plugin.registrations
+    assert ("INFO", "Waiting for the kubelet socket") in logged
+    rig.kubelet = RESTARTED_KUBELET
+    rig.worker.order_restart()  # the watchdog's order for the kubelet.sock made since
+    rig.worker.step()
+    assert len(rig.plugins) == 2 and len(rig.plugin.registrations) == 1
+
+
+def test_an_order_to_a_worker_serving_nothing_does_nothing_and_devices_later_register_at_once(rig, logged):
+    rig.worker.order_restart()
+    assert rig.worker.step() is UNTIL_SIGNALLED and not rig.plugins
+    rig.registered()
+    rig.inventory(seq=2)
+    rig.worker.step()  # the resource is gone
+    rig.kubelet = RESTARTED_KUBELET
+    rig.worker.order_restart()
+    assert rig.worker.step() is UNTIL_SIGNALLED and len(rig.plugins) == 1
+    assert ("INFO", RESTARTING) not in logged
+    rig.inventory("rbln0", seq=3)
+    rig.worker.step()
+    # A new instance meets the kubelet there as a newcomer: nothing to hand over.
+    assert len(rig.plugins) == 2 and len(rig.plugin.registrations) == 1 and ("INFO", WAITING) not in logged
+
+
+def test_with_its_socket_watched_a_serving_worker_waits_for_a_wake_and_not_the_clock(rig, logged):
+    rig.inventory("rbln0")
+    rig.worker.step()
+    rig.plugin.socket_watched = True
+    assert rig.worker.step() is UNTIL_SIGNALLED, "a Register answer wakes it"
+    rig.plugin.registrations[0].answer()
+    assert rig.worker.step() is UNTIL_SIGNALLED and rig.worker.phase is Phase.REGISTERED
+    assert rig.worker.step() is UNTIL_SIGNALLED
+    # The watch woke it: the socket is gone.
+    rig.plugin.socket_exists = False
+    rig.plugin.on_stream_change()
+    rig.worker.step()
+    assert len(rig.plugins) == 2 and ("WARNING", "Device plugin socket was removed; serving on a new one") in logged
 
 
 def test_a_stream_the_kubelet_drops_means_registering_again_on_the_same_socket(rig, logged):
