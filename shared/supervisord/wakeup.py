@@ -48,13 +48,19 @@ class _SignalWakeup:
         self.write_fd = write_fd
         self._open = True
         self._follows_stop = True
+        # Set by a read event, after which the loop asks `readable` before it acts on what woke it.
+        self._woken = False
 
     def wakes(self, supervisord: Any) -> bool:
         return self._open and self._supervisord is supervisord
 
     def readable(self) -> bool:
-        # The loop asks just before it polls, after it acted on a signal and stopped the group in turn (if stopping).
-        if self._open and (self._signal_pending() or (self._follows_stop and self._turn_is_over())):
+        if self._woken:
+            # Asked right after the read event: the signal noted and the group in turn are still to be acted
+            # on in this turn, so they would wake the next poll for nothing.
+            self._woken = False
+        elif self._open and (self._signal_pending() or (self._follows_stop and self._turn_is_over())):
+            # Asked just before the poll, after the loop acted on a signal and stopped the group in turn.
             self._wake()
         return self._open
 
@@ -87,6 +93,7 @@ class _SignalWakeup:
             while os.read(self.read_fd, _READ_BYTES):
                 pass
         except BlockingIOError:
+            self._woken = True
             return  # emptied
         # End of file: the write end was closed behind our back (its number may be another file's by now),
         # so nothing will wake the loop again; it polls as before.
