@@ -4,17 +4,17 @@
 
 A node with one device of each resource (npu, npu-vf1, npu-vf4) runs the whole stack against the
 kubelet simulator. Each round restarts the kubelet (`KubeletSimulator.restart()`: every socket of
-the plugin dir removed, `kubelet.sock` created again); the watchdog sees the new socket and restarts
-the three workers through supervisord to restart their device plugins, and each worker's new instance
-registers. A round's latency runs from the new socket's creation (its mtime) to the kubelet's receipt
-of the last of the three final Register calls (the ones made by the new instances). 20 rounds (5 quick),
-each once the previous one has settled (every worker restarted its plugin, registered, its stream
-delivering). Goal: p95 <= 1 s.
+the plugin dir removed, `kubelet.sock` created again); the watchdog sees the new socket and orders the
+three workers (a signal sent through supervisord) to restart their device plugins, each in its own
+process, and each worker's new instance registers. A round's latency runs from the new socket's creation
+(its mtime) to the kubelet's receipt of the last of the three final Register calls (the ones made by the
+new instances). 20 rounds (5 quick), each once the previous one has settled (every worker restarted its
+plugin, registered, its stream delivering). Goal: p95 <= 1 s.
 
 The stack's Python processes keep compiled bytecode in a folder of the run (PYTHONPYCACHEPREFIX),
-as an installed package keeps its .pyc files, so that a restarted worker does not compile the
-source tree again. Other work on the machine's CPUs adds directly to every figure: a restart
-replaces three gRPC servers at once.
+as an installed package keeps its .pyc files, so that a worker that starts serving (or a restarted
+one) does not compile the source tree again. Other work on the machine's CPUs adds directly to every
+figure: a restart replaces three gRPC servers at once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`GET /metrics` for the whole stack, served by the watchdog.
 
 The watchdog serves it because it already holds what the state metrics need (supervisord's program table
-and every status file, read for the probes at each check) and because it is the one process that is neither
+and every status file, read for the probes at each judgement) and because it is the one process that is neither
 on the kubelet's path (the workers) nor busy with the node (the scanner): a scrape never delays an
 Allocate or a scan. The other processes only write their value files, which a scrape reads.
 
@@ -260,7 +260,7 @@ class MetricsEndpoint:
         self._failure_logged = False
 
     def update(self, view: StackView) -> None:
-        """What the watchdog's check saw; the first call starts listening."""
+        """What the watchdog last judged; the first call starts listening."""
         if self._port < 0:
             return
         self._state.update(view)

@@ -1,8 +1,9 @@
-"""The state metrics of the stack, as plain functions of what the watchdog's last check saw.
+"""The state metrics of the stack, as plain functions of what the watchdog last judged.
 
-The check reads the status file of every process (the same reads the probes use) and keeps those written by
-the running instance of their program. A worker that was killed leaves a file naming its old pid: it is not
-trusted, and its successor's file replaces it, so a resource never has two `registered` series and its
+A judgement (when a status file is replaced, at each check of supervisord's table) reads the status file
+of every process (the same reads the probes use) and keeps those written by the running instance of their
+program. A worker that was killed leaves a file naming its old pid: it is not trusted, and its successor's
+file replaces it, so a resource never has two `registered` series and its
 devices are never counted twice. Status files are the stack's own, but a broken one must not break a
 scrape: values of the wrong type are left out (shared.status_records reads them as absent).
 """

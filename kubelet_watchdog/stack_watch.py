@@ -83,7 +83,8 @@ class ProgramExits:
 
     def watch(self, programs: Mapping[str, Mapping[str, Any]], skip: Iterable[int] = ()) -> bool:
         """Watch every RUNNING program's pid of `programs` but those of `skip`, instead of the ones before. False
-        when one of them has already exited (nothing is watched then: supervisord's table is out of date)."""
+        when one of them has already exited (supervisord's table is out of date) or cannot be watched: nothing
+        is watched then."""
         self.close()
         skipped = set(skip)
         for info in programs.values():
@@ -92,7 +93,9 @@ class ProgramExits:
                 continue
             try:
                 self._pidfds.append(os.pidfd_open(pid))
-            except OSError:  # ProcessLookupError: gone already
+            except OSError:
+                # Gone already (ProcessLookupError), or no pidfds here (a kernel before 5.3, a seccomp profile
+                # that refuses pidfd_open): the watchdog then reads supervisord's table every CHECK_INTERVAL.
                 self.close()
                 return False
         if self._pidfds and select.select(self._pidfds, [], [], 0)[0]:

@@ -24,7 +24,7 @@ from simulator.stack import StackProcess
 
 DEFAULT_NODE = "2,1:vf1,1:vf4"
 START_TIMEOUT = 60.0
-# The watchdog refreshes the state metrics every 2 s.
+# The watchdog refreshes the state metrics within 50 ms of a status file's change; registering takes longer.
 METRICS_TIMEOUT = 10.0
 _SHOWN_FAMILIES = ("rbln_device_plugin_registered", "rbln_device_plugin_devices{",
                    "rbln_device_plugin_allocations_total")

@@ -122,8 +122,8 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
                 publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error, cdi_state.resolvable,
                                                        result.driver_version))
-            # The families are made once the first scan is published, not before: the workers wait for it, and
-            # prometheus_client costs some 40 ms. Later calls find them made.
+            # The value files and their zero series are made once the first scan is published, not before: the
+            # workers wait for it. Later calls find them made.
             metrics.load(smi_commands=[SmiCommand.LIST.value])
             reporter.report(result, time.monotonic() - started)
             if labeller is not None:

@@ -154,9 +154,9 @@ def exit_now(shutdown: ShutdownSignal, code: int = 0) -> NoReturn:
     """End a process that has stopped and closed everything it owns, skipping the interpreter's teardown.
 
     Freeing every module and object of a gRPC process costs some 60 ms of CPU, and
-    supervisord starts a restarted worker's replacement only once the old one is
-    gone: when the kubelet restarts, three workers pay it at once, on the path to
-    their new registrations. Log sinks are closed here (which flushes the log file).
+    supervisord stops the stack one program at a time, each once the one before has
+    exited: every process's teardown lies on the path to the stack's exit. Log sinks
+    are closed here (which flushes the log file).
     """
     shutdown.settle()
     logger.remove()

@@ -16,13 +16,15 @@ supervisord calls in its main thread while it starts, before its loop. It gives 
 pipe to write the number of every signal into (`signal.set_wakeup_fd`: SIGCHLD and the stop
 signals, which supervisord handles in Python) and puts the pipe's read end among the descriptors the
 loop polls, with one byte already in it for the first poll. The loop then wakes when a child exits
-or a signal arrives, and at once when it starts; and while it stops, at once when the group in turn
-has nothing left to stop. What it does when it wakes is supervisord's own code, unchanged.
+or a signal arrives, and at once when it starts, or when a signal it noted is still to be acted on
+(it acts on one a turn); and while it stops, at once when the group in turn has nothing left to stop.
+What it does when it wakes is supervisord's own code, unchanged.
 
-That the loop polls the dispatchers of `options.get_socket_map()`, acts after each poll and keeps
-the groups still to stop in `stop_groups` is supervisord's internals, hence the version range in
-pyproject.toml. Should they change, the hook either cannot install, which supervisord logs in one
-line before running as before (only slower), or it installs and wakes the loop less often.
+That the loop polls the dispatchers of `options.get_socket_map()`, acts after each poll on one of the
+signals noted in `options.signal_receiver`, and keeps the groups still to stop in `stop_groups` is
+supervisord's internals, hence the version range in pyproject.toml. Should they change, the hook either
+cannot install, which supervisord logs in one line before running as before (only slower), or it installs
+and wakes the loop less often.
 """
 
 from __future__ import annotations
@@ -46,15 +48,29 @@ class _SignalWakeup:
         self.write_fd = write_fd
         self._open = True
         self._follows_stop = True
+        # Set by a read event, after which the loop asks `readable` before it acts on what woke it.
+        self._woken = False
 
     def wakes(self, supervisord: Any) -> bool:
         return self._open and self._supervisord is supervisord
 
     def readable(self) -> bool:
-        # The loop asks just before it polls, after it stopped the group in turn (if stopping).
-        if self._open and self._follows_stop and self._turn_is_over():
+        if self._woken:
+            # Asked right after the read event: the signal noted and the group in turn are still to be acted
+            # on in this turn, so they would wake the next poll for nothing.
+            self._woken = False
+        elif self._open and (self._signal_pending() or (self._follows_stop and self._turn_is_over())):
+            # Asked just before the poll, after the loop acted on a signal and stopped the group in turn.
             self._wake()
         return self._open
+
+    def _signal_pending(self) -> bool:
+        """A signal noted but not acted on yet: the loop acts on one a turn, and the pipe was emptied of all of
+        them, so a SIGTERM noted in the turn a SIGCHLD woke would otherwise wait out the next poll."""
+        try:
+            return bool(self._supervisord.options.signal_receiver._signals_recvd)
+        except Exception:  # another supervisord: its signals are acted on at its own pace
+            return False
 
     def _turn_is_over(self) -> bool:
         """Stopping, and the group in turn has nothing left to stop: the loop moves on after this poll."""
@@ -77,6 +93,7 @@ class _SignalWakeup:
             while os.read(self.read_fd, _READ_BYTES):
                 pass
         except BlockingIOError:
+            self._woken = True
             return  # emptied
         # End of file: the write end was closed behind our back (its number may be another file's by now),
         # so nothing will wake the loop again; it polls as before.

@@ -116,3 +116,30 @@ def test_a_supervisord_without_stop_groups_is_stopped_at_its_own_pace_and_never_
     dispatcher = wakeup.install(supervisord)
     pending(dispatcher)
     assert dispatcher.readable() and dispatcher.readable() and pending(dispatcher) == b""
+
+
+def test_a_signal_noted_but_not_acted_on_yet_has_the_poll_return_at_once(supervisord):
+    # supervisord acts on one noted signal a turn: a SIGTERM noted in the turn a SIGCHLD woke is acted on
+    # only after the next poll, which nothing else wakes.
+    noted: list[int] = []
+    supervisord.options.signal_receiver = types.SimpleNamespace(_signals_recvd=noted)
+    dispatcher = wakeup.install(supervisord)
+    pending(dispatcher)
+    assert dispatcher.readable() and pending(dispatcher) == b""  # nothing noted: the poll waits
+    noted.append(signal.SIGTERM)
+    assert dispatcher.readable() and pending(dispatcher) == b"\0"
+    noted.clear()
+    del supervisord.options.signal_receiver  # another supervisord: never broken, only slower
+    assert dispatcher.readable() and pending(dispatcher) == b""
+
+
+def test_asked_right_after_its_read_event_it_wakes_nothing_the_turn_still_acts_on(supervisord):
+    # supervisord asks `readable` after a read event, before it acts on the signal or the group in turn: a
+    # wake then would only cost an empty turn; asked again before the poll, it wakes what is still pending.
+    noted = [signal.SIGCHLD]
+    supervisord.options.signal_receiver = types.SimpleNamespace(_signals_recvd=noted)
+    supervisord.stop_groups = [Group([])]
+    dispatcher = wakeup.install(supervisord)
+    dispatcher.handle_read_event()
+    assert dispatcher.readable() and pending(dispatcher) == b""
+    assert dispatcher.readable() and pending(dispatcher) == b"\0"
