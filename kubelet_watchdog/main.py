@@ -113,9 +113,11 @@ class Watchdog:
     def run(self, shutdown: ShutdownSignal) -> None:
         while not shutdown.is_set():
             due = self._next_check if self._next_judgement is None else min(self._next_check, self._next_judgement)
-            status = [] if self._settling else [self._status.fileno()]
-            readable, _, _ = select.select([self._watcher.fileno(), shutdown.fileno(), *status, *self._exits.filenos()],
-                                           [], [], max(0.0, due - time.monotonic()))
+            watched = [self._watcher.fileno(), None if self._settling else self._status.fileno()]
+            if watched[0] is None:
+                due = min(due, time.monotonic() + CHECK_INTERVAL)  # no inotify: look at kubelet.sock at this pace
+            readable, _, _ = select.select([shutdown.fileno(), *(fd for fd in watched if fd is not None),
+                                            *self._exits.filenos()], [], [], max(0.0, due - time.monotonic()))
             if shutdown.is_set():
                 break
             # A DRA plugin needs nothing at a kubelet restart: the kubelet finds its registration socket again.
@@ -133,7 +135,7 @@ class Watchdog:
             self._exits.close()  # readable from now on; the check watches the new table
             self._steady = False
             self._next_check = min(self._next_check, now + EXIT_SETTLE_SECONDS)
-        if self._status.fileno() in readable and self._status.changed():
+        if self._status.watching and self._status.fileno() in readable and self._status.changed():
             self._settling = True
             self._judge_at(now + STATUS_SETTLE_SECONDS)
         if now >= self._next_check:
@@ -204,7 +206,9 @@ class Watchdog:
         self._programs = programs
         published = self._judge(programs)
         expected = programs_for(self._settings.resource_api)
-        settled = published and all(programs.get(name, {}).get("statename") == "RUNNING" for name in expected)
+        # Steady only while replaced status files are seen at once: otherwise they are judged at every check.
+        settled = self._status.watching and published and all(
+            programs.get(name, {}).get("statename") == "RUNNING" for name in expected)
         if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
             self._steady = True
             self._next_check = now + STEADY_CHECK_INTERVAL

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pathlib
 
 from inotify_simple import INotify, flags
+from loguru import logger
 
 from shared.plugin_socket import socket_identity
 
@@ -21,30 +22,37 @@ _WATCH_GONE = flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF
 _CREATED = flags.CREATE | flags.MOVED_TO
 
 class KubeletSocketWatcher:
-    """Selectable (fileno) watcher; `recreated()` consumes what happened since the last call."""
+    """Selectable (fileno) watcher; `recreated()` consumes what happened since the last call. Without an inotify
+    instance (the node's root has used up fs.inotify.max_user_instances) `fileno` is None and only the identity
+    check at each call remains: the caller then calls it at a steady pace."""
 
     def __init__(self, plugin_dir: pathlib.Path):
         self._dir = plugin_dir
         self._socket = plugin_dir / KUBELET_SOCKET
-        self._inotify = INotify()
+        self._inotify: INotify | None = None
+        try:
+            self._inotify = INotify()
+        except OSError as exc:
+            logger.warning("Cannot watch the kubelet's socket directory; looking at kubelet.sock at every check",
+                           path=str(plugin_dir), err=str(exc))
         self._watch: int | None = None
         self._ensure_watch()
         self._seen = socket_identity(self._socket)
 
     def _ensure_watch(self) -> None:
-        if self._watch is None:
+        if self._watch is None and self._inotify is not None:
             try:
                 self._watch = self._inotify.add_watch(self._dir, _WATCHED)
             except OSError:
                 self._watch = None  # the directory does not exist yet; the identity check covers it
 
-    def fileno(self) -> int:
-        return self._inotify.fileno()
+    def fileno(self) -> int | None:
+        return self._inotify.fileno() if self._inotify is not None else None
 
     def recreated(self) -> bool:
         """True when a kubelet.sock was created since the last call and one exists now. Never blocks."""
         created = False
-        for event in self._inotify.read(timeout=0):
+        for event in self._inotify.read(timeout=0) if self._inotify is not None else ():
             if event.mask & _WATCH_GONE:
                 self._watch = None  # the directory went away; watch the new one once it exists
             elif event.mask & _CREATED and event.name == KUBELET_SOCKET:
@@ -56,4 +64,5 @@ class KubeletSocketWatcher:
         return recreated
 
     def close(self) -> None:
-        self._inotify.close()
+        if self._inotify is not None:
+            self._inotify.close()

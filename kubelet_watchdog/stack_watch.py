@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from inotify_simple import INotify, flags
+from loguru import logger
 
 from shared import process_status
 from shared.status_records import Document
@@ -40,23 +41,36 @@ def _identity(path: pathlib.Path) -> _Identity | None:
 
 class StatusFiles:
     """The status documents of the run dir's processes as last read; `fileno` is readable when a status file
-    was replaced since `changed()` was last called."""
+    was replaced since `changed()` was last called. Without an inotify instance (the node's root has used up
+    fs.inotify.max_user_instances, which every root container shares) `watching` is False and `fileno` None:
+    the watchdog then judges the files at every check instead of dying at start."""
 
     def __init__(self, run_dir: pathlib.Path):
         self._run_dir = run_dir
-        self._inotify = INotify()
+        self._inotify: INotify | None = None
         try:
+            self._inotify = INotify()
             self._inotify.add_watch(run_dir, _WATCHED)
-        except OSError:
-            pass  # no events: the files are still read at every check, as their identity says
+        except OSError as exc:
+            if self._inotify is not None:
+                self._inotify.close()
+                self._inotify = None
+            logger.warning("Cannot watch the run dir for status changes; judging the stack every check instead",
+                           path=str(run_dir), err=str(exc))
         # Per process: the identity of its file when last read, and what it held.
         self._read: dict[str, tuple[_Identity | None, Document | None]] = {}
 
-    def fileno(self) -> int:
-        return self._inotify.fileno()
+    @property
+    def watching(self) -> bool:
+        return self._inotify is not None
+
+    def fileno(self) -> int | None:
+        return self._inotify.fileno() if self._inotify is not None else None
 
     def changed(self) -> bool:
         """Whether any status file was replaced since the last call (the events are consumed). Never blocks."""
+        if self._inotify is None:
+            return False
         return any(event.mask & flags.Q_OVERFLOW or event.name.startswith(_STATUS_PREFIX)
                    for event in self._inotify.read(timeout=0))
 
@@ -72,7 +86,8 @@ class StatusFiles:
         return document
 
     def close(self) -> None:
-        self._inotify.close()
+        if self._inotify is not None:
+            self._inotify.close()
 
 
 class ProgramExits:

@@ -3,6 +3,7 @@ only when they, the unsettled stack or the steady interval call for it."""
 
 import os
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -199,3 +200,32 @@ def test_a_steady_stack_has_supervisord_asked_only_whether_it_answers(short_tmp,
     finally:
         shutdown.request()
         thread.join(TIMEOUT)
+
+
+def test_without_an_inotify_instance_the_watchdog_polls_instead_of_dying(short_tmp, monkeypatch):
+    """The node's root may have used up fs.inotify.max_user_instances (shared by every root container)."""
+    def refused():
+        raise OSError(24, "Too many open files")
+
+    from kubelet_watchdog import socket_watch, stack_watch
+
+    monkeypatch.setattr(stack_watch, "INotify", refused)
+    monkeypatch.setattr(socket_watch, "INotify", refused)
+    monkeypatch.setattr(watchdog_main, "CHECK_INTERVAL", 0.2)
+    restarts = []
+    monkeypatch.setattr(Watchdog, "_restart_workers", lambda self: restarts.append(1))
+    _publish(short_tmp, **{"rebellions.ai/npu": 1})
+    supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, _table())
+    try:
+        wait_until(lambda: health.states == [(True, False)], TIMEOUT, "live, npu not registered")
+        process_status.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
+        wait_until(lambda: health.states[-1] == (True, True), TIMEOUT, "ready, seen by a check")
+        assert supervisor.asked >= 2, "no steady state without status events: the table is read at every check"
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(short_tmp / "kubelet.sock"))
+        wait_until(lambda: restarts, TIMEOUT, "the new kubelet.sock seen without inotify")
+        listener.close()
+    finally:
+        shutdown.request()
+        thread.join(TIMEOUT)
+    assert not thread.is_alive()
