@@ -254,13 +254,35 @@ class Worker:
             if handover is not None:
                 return handover
         if self._server is None:
-            self._server = self._new_plugin(self.wake)
-            self._server.serve()
+            started = self._start_serving()
+            if started is not None:
+                return started
+            assert self._server is not None
         if self._phase is Phase.REGISTERING:
             return self._finish_registration(self._server)
         if self._phase is Phase.UNREGISTERED:
             return self._register(self._server)
         return _idle(self._server)
+
+    def _start_serving(self) -> float | None:
+        """A new instance, serving: None once it is; else how long to wait before trying again. What serving
+        needs is built at the resource's first devices (resource_worker/serving.py), and the socket may not be
+        bindable now (the kubelet's directory not there yet): the worker says why and tries again, rather than
+        dying and spending supervisord's retries on a condition that may clear."""
+        now = self._clock()
+        if now < self._retry_at:
+            return self._retry_at - now
+        server = None
+        try:
+            server = self._new_plugin(self.wake)
+            server.serve()
+        except Exception as exc:  # anything building or binding raises: the next attempt starts afresh
+            if server is not None:
+                server.stop()
+            self._log_wait("ERROR", "Cannot serve the device plugin; retrying", err=str(exc))
+            return self._retry_later(now)
+        self._server = server
+        return None
 
     def _register(self, server: PluginInstance) -> float | None:
         now = self._clock()

@@ -506,3 +506,27 @@ def test_backoff_doubles_to_its_cap_and_starts_over_when_reset():
     assert backoff.next() == BACKOFF_START
     small = Backoff(1.0, 3.0)
     assert [small.next() for _ in range(4)] == [1.0, 2.0, 3.0, 3.0]
+
+
+def test_an_instance_that_cannot_serve_is_tried_again_after_a_pause_and_the_worker_lives_on(rig, logged):
+    failures = [RuntimeError("Failed to bind to address unix:///missing/plugin-0.sock")]
+    serve = FakePlugin.serve
+
+    def flaky_serve(plugin: FakePlugin) -> None:
+        if failures:
+            raise failures.pop()
+        serve(plugin)
+
+    FakePlugin.serve = flaky_serve  # type: ignore[method-assign]
+    try:
+        rig.inventory("rbln0")
+        pause = rig.worker.step()
+        assert pause is not None and pause > 0 and not rig.worker.serving
+        assert rig.plugins[0].stopped, "the half-made instance is stopped"
+        assert ("ERROR", "Cannot serve the device plugin; retrying") in logged
+        assert rig.worker.step() == pytest.approx(pause), "not before the pause is over"
+        rig.now += pause
+        assert rig.worker.step() == IDLE_CHECK_SECONDS
+        assert rig.worker.serving and len(rig.plugin.registrations) == 1
+    finally:
+        FakePlugin.serve = serve  # type: ignore[method-assign]
