@@ -17,6 +17,10 @@ from supervisor.xmlrpc import Faults
 
 from shared.supervisord import transport
 
+# A signalled program with no process (NOT_RUNNING), or one that exited between supervisord's look at its state
+# and its kill() (FAILED: the kill's OSError): either way nobody is left to tell.
+_GONE = frozenset({Faults.NOT_RUNNING, Faults.FAILED})
+
 
 class SupervisorError(RuntimeError):
     pass
@@ -26,10 +30,10 @@ class SupervisorStopping(SupervisorError):
     """supervisord is stopping every program (shutdown or reload) and refuses requests."""
 
 
-def _checked(results: Iterable[Any], tolerated: int) -> None:
-    """Raise the first fault of a multicall's results, except `tolerated` (a fault that means nothing to do)."""
+def _checked(results: Iterable[Any], tolerated: frozenset[int]) -> None:
+    """Raise the first fault of a multicall's results, except those `tolerated` (faults that mean nothing to do)."""
     for result in results:
-        if isinstance(result, dict) and "faultCode" in result and result["faultCode"] != tolerated:
+        if isinstance(result, dict) and "faultCode" in result and result["faultCode"] not in tolerated:
             raise xmlrpc.client.Fault(result["faultCode"], result["faultString"])
 
 
@@ -98,7 +102,7 @@ class Supervisor:
         targets = list(names)
         calls = [{"methodName": "supervisor.signalProcess", "params": [name, signum.name]} for name in targets]
         self._call(f"sending {signum.name} to {', '.join(targets)}",
-                   lambda: _checked(self._proxy.system.multicall(calls), tolerated=Faults.NOT_RUNNING))
+                   lambda: _checked(self._proxy.system.multicall(calls), tolerated=_GONE))
 
     def shutdown(self) -> None:
         self._call("requesting shutdown", self._proxy.supervisor.shutdown)

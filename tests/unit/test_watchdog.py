@@ -162,6 +162,9 @@ class FakeSupervisord:
         for call in calls:
             assert call["methodName"] == "supervisor.signalProcess"
             name, signame = call["params"]
+            if self.states[name] == "EXITED-MEANWHILE":  # its state said running; its kill() found no process
+                results.append({"faultCode": Faults.FAILED, "faultString": f"FAILED: {name}"})
+                continue
             if self.states[name] not in ("RUNNING", "STARTING", "STOPPING"):  # no process to signal
                 results.append({"faultCode": Faults.NOT_RUNNING, "faultString": f"NOT_RUNNING: {name}"})
                 continue
@@ -175,6 +178,13 @@ def test_the_restart_order_goes_to_every_worker_with_a_process_in_one_request():
                                    "worker-npu-vf4": "STARTING"})
     Supervisor(supervisord).send_signal(WORKERS, PLUGIN_RESTART_SIGNAL)
     # One waiting to start again has no process: it registers with the new kubelet when it starts.
+    assert supervisord.signalled == [("worker-npu", "SIGWINCH"), ("worker-npu-vf4", "SIGWINCH")]
+
+
+def test_a_worker_that_exits_while_it_is_signalled_does_not_fail_the_order_of_the_others():
+    supervisord = FakeSupervisord({"worker-npu": "RUNNING", "worker-npu-vf1": "EXITED-MEANWHILE",
+                                   "worker-npu-vf4": "RUNNING"})
+    Supervisor(supervisord).send_signal(WORKERS, PLUGIN_RESTART_SIGNAL)
     assert supervisord.signalled == [("worker-npu", "SIGWINCH"), ("worker-npu-vf4", "SIGWINCH")]
 
 
