@@ -9,7 +9,8 @@ three workers (a signal sent through supervisord) to restart their device plugin
 process, and each worker's new instance registers. A round's latency runs from the new socket's creation
 (its mtime) to the kubelet's receipt of the last of the three final Register calls (the ones made by the
 new instances). 20 rounds (5 quick), each once the previous one has settled (every worker restarted its
-plugin, registered, its stream delivering). Goal: p95 <= 1 s.
+plugin, registered, its stream delivering). Goal (the same as lifecycle/reregistration's on the 8-PF node):
+p50 <= 150 ms, slowest <= 300 ms.
 
 The stack's Python processes keep compiled bytecode in a folder of the run (PYTHONPYCACHEPREFIX),
 as an installed package keeps its .pyc files, so that a worker that starts serving (or a restarted
@@ -40,7 +41,8 @@ WORKERS = {resource.process_name: resource.value for resource in Resource}
 FULL_ROUNDS = 20
 QUICK_ROUNDS = 5
 SETTLE_TIMEOUT = 30.0
-GOAL_P95_MS = 1000.0
+GOAL_P50_MS = 150.0
+GOAL_MAX_MS = 300.0
 RESTARTING = "Restarting device plugin for the new kubelet"
 REGISTERED = "Registered device plugin with kubelet"
 
@@ -91,10 +93,12 @@ def measure(rounds: int) -> dict:
             _wait(lambda: _settled(kubelet, stack, supervisor, 0), SETTLE_TIMEOUT, "the first registration")
             samples = [_round(kubelet, stack, supervisor, restarts) for restarts in range(rounds)]
     p95 = common.percentile(samples, 0.95)
+    p50 = statistics.median(samples)
     return {"benchmark": "reregistration (kubelet restart, 3 resources)",
-            "p50_ms": round(statistics.median(samples), 3), "p95_ms": round(p95, 3),
+            "p50_ms": round(p50, 3), "p95_ms": round(p95, 3),
             "p99_ms": round(common.percentile(samples, 0.99), 3), "max_ms": round(max(samples), 3),
-            "rounds": rounds, "goal": f"p95 <= {GOAL_P95_MS:g} ms", "met": p95 <= GOAL_P95_MS}
+            "rounds": rounds, "goal": f"p50 <= {GOAL_P50_MS:g} ms, max <= {GOAL_MAX_MS:g} ms",
+            "met": p50 <= GOAL_P50_MS and max(samples) <= GOAL_MAX_MS}
 
 
 def run(quick: bool) -> list[dict]:

@@ -6,4 +6,6 @@ loguru_asyncio.install()
 
 from resource_worker.main import main  # noqa: E402
 
-main()
+# The console script (pyproject.toml) names this module's `main`, so that it too comes in after install().
+if __name__ == "__main__":
+    main()

@@ -5,4 +5,6 @@ loguru_asyncio.install()
 
 from scanner.main import main  # noqa: E402
 
-main()
+# The console script (pyproject.toml) names this module's `main`, so that it too comes in after install().
+if __name__ == "__main__":
+    main()
