@@ -235,7 +235,7 @@ class Worker:
                 # A later instance for this resource starts with no health history, and meets whichever
                 # kubelet is there then as a newcomer.
                 self.table.forget_history()
-                self._asked_kubelet = None
+                self._end_handover(forget_kubelet=True)
                 logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
             return UNTIL_SIGNALLED
         # A kubelet restart removes the socket and ends the stream too; then the handover below says what happens.
@@ -328,7 +328,7 @@ class Worker:
         if self._server is not None:
             self._stop_serving()
         self.table.forget_history()
-        self._asked_kubelet, self._handing_over, self._handover_deadline = None, False, None
+        self._end_handover(forget_kubelet=True)
         self._waiting_for = None
 
     def _await_replacement(self) -> float | None:
@@ -337,7 +337,7 @@ class Worker:
         kubelet = self._kubelet_identity()
         if self._asked_kubelet is None or kubelet == self._asked_kubelet:
             # The same kubelet after all (its socket was only out of sight for a moment): nothing to wait for.
-            self._handing_over, self._handover_deadline = False, None
+            self._end_handover(forget_kubelet=False)
             return None
         if not self._handing_over:
             self._handing_over = True
@@ -357,8 +357,15 @@ class Worker:
             return self._handover_deadline - now
         logger.warning("No restart came after the kubelet restarted; registering with the new kubelet",
                        resourceName=self._resource.value)
-        self._asked_kubelet, self._handing_over, self._handover_deadline = None, False, None
+        self._end_handover(forget_kubelet=True)
         return None
+
+    def _end_handover(self, forget_kubelet: bool) -> None:
+        """No longer waiting for the watchdog's order; `forget_kubelet`: the next Register goes to whichever
+        kubelet is there, this instance (or its successor) being new to it."""
+        self._handing_over, self._handover_deadline = False, None
+        if forget_kubelet:
+            self._asked_kubelet = None
 
     def _kubelet_replaced(self) -> bool:
         return self._asked_kubelet is not None and self._kubelet_identity() != self._asked_kubelet
