@@ -265,10 +265,9 @@ class Worker:
         return _idle(self._server)
 
     def _start_serving(self) -> float | None:
-        """A new instance, serving: None once it is; else how long to wait before trying again. What serving
-        needs is built at the resource's first devices (resource_worker/serving.py), and the socket may not be
-        bindable now (the kubelet's directory not there yet): the worker says why and tries again, rather than
-        dying and spending supervisord's retries on a condition that may clear."""
+        """A new instance, serving: None once it is; else the pause before the next try. Serving's parts are
+        built at the first devices and its socket may not be bindable yet: a failure is said and tried again,
+        not a death that spends supervisord's retries on a condition that may clear."""
         now = self._clock()
         if now < self._retry_at:
             return self._retry_at - now

@@ -32,16 +32,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 from shared import value_files
 from shared.config import RUN_DIR_ENV
+from shared.metric_kinds import Kind
 from shared.safe_open import ensure_private_dir
 
 METRICS_DIR_NAME = "metrics"
 PATH = "/metrics"
-
-
-class Kind(enum.Enum):
-    COUNTER = "counter"
-    GAUGE = "gauge"
-    HISTOGRAM = "histogram"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,8 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from shared.metric_kinds import Kind
+
 if TYPE_CHECKING:
     from shared.metrics import Family
 
@@ -37,8 +39,6 @@ _HEADER_BYTES = 8
 _USED = struct.Struct("i")
 _LENGTH = struct.Struct("i")
 _VALUE = struct.Struct("dd")
-# The kinds of family recorded, as prometheus_client names their files (shared.metrics.Kind's values).
-COUNTER, HISTOGRAM = "counter", "histogram"
 
 
 def key(family: str, sample: str, labels: Mapping[str, str], help_text: str) -> str:
@@ -136,13 +136,14 @@ class ProcessFiles:
     def __init__(self, directory: pathlib.Path, pid: int):
         self._directory = directory
         self._pid = pid
-        self._files: dict[str, ValueFile] = {}
+        self._files: dict[Kind, ValueFile] = {}
         self._keys: dict[tuple[Family, tuple[str, ...]], tuple[str, ...]] = {}
 
-    def _file(self, kind: str) -> ValueFile:
+    def _file(self, kind: Kind) -> ValueFile:
         file = self._files.get(kind)
         if file is None:
-            file = self._files[kind] = ValueFile(self._directory / f"{kind}_{self._pid}.db")
+            # prometheus_client's name for a kind's file.
+            file = self._files[kind] = ValueFile(self._directory / f"{kind.value}_{self._pid}.db")
         return file
 
     def _series(self, family: Family, labels: tuple[str, ...]) -> tuple[str, ...]:
@@ -151,16 +152,16 @@ class ProcessFiles:
         keys = self._keys.get((family, labels))
         if keys is None:
             named = dict(zip(family.labels, labels, strict=True))
-            if family.kind.value == COUNTER:
+            if family.kind is Kind.COUNTER:
                 keys = (key(family.name.removesuffix("_total"), family.name, named, family.help),)
-            elif family.kind.value == HISTOGRAM:
+            elif family.kind is Kind.HISTOGRAM:
                 keys = (key(family.name, f"{family.name}_sum", named, family.help),
                         *(key(family.name, f"{family.name}_bucket", {**named, "le": _le(bound)}, family.help)
                           for bound in (*family.buckets, math.inf)))
             else:
                 raise ValueError(f"{family.name} is a {family.kind.value}: state families are derived, never "
                                  "recorded")
-            file = self._file(family.kind.value)
+            file = self._file(family.kind)
             for name in keys:
                 file.add(name, 0.0)
             self._keys[(family, labels)] = keys
@@ -170,11 +171,11 @@ class ProcessFiles:
         self._series(family, labels)
 
     def inc(self, family: Family, *labels: str, amount: float = 1.0) -> None:
-        self._file(COUNTER).add(self._series(family, labels)[0], amount)
+        self._file(Kind.COUNTER).add(self._series(family, labels)[0], amount)
 
     def observe(self, family: Family, seconds: float, *labels: str) -> None:
         sum_key, *bucket_keys = self._series(family, labels)
-        file = self._file(HISTOGRAM)
+        file = self._file(Kind.HISTOGRAM)
         file.add(sum_key, seconds)
         bounds = (*family.buckets, math.inf)
         file.add(next(bucket for bucket, bound in zip(bucket_keys, bounds, strict=True) if seconds <= bound), 1.0)
