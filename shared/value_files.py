@@ -111,10 +111,12 @@ class ValueFile:
     def add(self, name: str, amount: float) -> None:
         """Add to the key's value (a new key starts at 0: adding 0 makes its series)."""
         position = self._position(name)
-        self.set(name, _VALUE.unpack_from(self._map, position)[0] + amount)
+        self._store(position, _VALUE.unpack_from(self._map, position)[0] + amount)
 
     def set(self, name: str, value: float) -> None:
-        position = self._position(name)
+        self._store(self._position(name), value)
+
+    def _store(self, position: int, value: float) -> None:
         # Both doubles in one copy, never a field at a time (a reader could see a zero in between).
         self._map[position:position + _VALUE.size] = _VALUE.pack(value, 0.0)
 

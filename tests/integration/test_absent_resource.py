@@ -19,12 +19,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 from shared.process_status import read_status
 from shared.resources import Resource
 from simulator import smi_state
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 NPU = Resource.NPU.value
 TIMEOUT = 30.0
@@ -54,14 +54,6 @@ def _maps_grpc(pid: int) -> bool:
     return GRPC_EXTENSION in pathlib.Path(f"/proc/{pid}/maps").read_text()
 
 
-def _await(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {TIMEOUT:g}s waiting for {what}")
-        time.sleep(0.05)
-
-
 def _scanner(env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "scanner"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -89,7 +81,7 @@ def test_a_worker_without_devices_holds_no_serving_parts_and_serves_from_the_fir
             status = read_status(node.run_dir, Resource.NPU.process_name)
             return status is not None and status["scannedAt"] is not None
 
-        _await(following, "the worker to follow the scanner's snapshots")
+        wait_until(following, TIMEOUT, "the worker to follow the scanner's snapshots")
         status = read_status(node.run_dir, Resource.NPU.process_name)
         assert status is not None and status["deviceCount"] == 0 and status["registered"] is False
         absent = _imported(imports)
