@@ -26,6 +26,8 @@
 #   PYTHON=python            interpreter of the activated virtual environment (pytest, the simulator)
 #   DEBIAN_MIRROR=...        where debootstrap fetches bookworm (default http://deb.debian.org/debian)
 #   KEEP_IMAGE=1             keep the built image (rbln-device-plugin-image-test:<version>) afterwards
+#   IMAGE_ARCHIVE=FILE       build only: save the image to FILE (`docker save`, for a runtime without a
+#                            registry to import) and end before the checks (tests/cluster/run.sh)
 
 set -euo pipefail
 
@@ -142,6 +144,12 @@ fi
 say "image $IMAGE: $("$DOCKER" image inspect --format '{{.Size}} bytes, {{len .RootFS.Layers}} layers' "$IMAGE")" \
   "on a base of $("$DOCKER" image inspect --format '{{.Size}} bytes, {{len .RootFS.Layers}} layers' "$BASE_IMAGE");" \
   "$(grep -c '^#[0-9]* CACHED' "$WORK/build.log" || true) build steps from the cache"
+
+if [ -n "${IMAGE_ARCHIVE:-}" ]; then
+  "$DOCKER" save --output "$IMAGE_ARCHIVE" "$IMAGE"
+  say "saved $IMAGE to $IMAGE_ARCHIVE"
+  exit 0
+fi
 
 # --- 4. Checks ---------------------------------------------------------------------------------------
 say "running the container (deploy/image_checks)"
