@@ -10,7 +10,7 @@ import pathlib
 TESTS = pathlib.Path(__file__).resolve().parents[1]
 # The markers are registered in pyproject.toml ([tool.pytest.ini_options] markers; --strict-markers is on).
 SUITES = ("unit", "deploy", "integration")
-OWN_RUNNERS = ("conformance", "nfd", "cdi", "dra")
+OWN_RUNNERS = ("conformance", "nfd", "cdi", "dra", "cluster")
 
 
 def suite_of(path: pathlib.Path) -> str | None:

@@ -1,0 +1,221 @@
+"""Fixtures of the cluster scenarios: one cluster for the session (tests/cluster/cluster.py) on a simulated
+node, and per mode the chart installed as the README says.
+
+A mode's scenarios are one module (test_device_plugin.py, test_dra.py): its MODE_VALUES are the values that
+choose the mode, and its scenarios run in file order on one release, installed by the first that asks for
+`release` and uninstalled by the module's last scenario (or at its end). A new scenario of a mode is a
+function in that module, placed where the release is in the state it needs; a scenario that needs the
+release installed differently is a module of its own with its own MODE_VALUES.
+
+tests/cluster/run.sh builds the parts and runs these in private namespaces; the project's default test run
+leaves this directory out (tests/support/suites.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from simulator.node import SimulatedNode, build_node
+from simulator.spec import NodeSpec
+from tests.cdi_spec_family import EDGE_FILES
+from tests.cluster.cluster import NODE, Cluster, Stopwatch, pod_ready
+from tests.cluster.images import BUSYBOX_IMAGE
+from tests.support.deploy import ROOT, load_deploy_module, project_version
+from tests.support.waiting import wait_until
+
+tools = load_deploy_module("tools")
+
+CHART = ROOT / "deploy" / "helm" / "k8s-device-plugin-chart"
+# The README's install command: release, namespace, and the image by repository and tag.
+RELEASE = "rbln-device-plugin"
+NAMESPACE = "rbln-device-plugin"
+IMAGE_REPOSITORY = "rbln-device-plugin-image-test"  # deploy/image_test.sh's name for the image it builds
+# The image's own interpreter runs the node's rbln-smi stand-in inside the pod (deploy/container/Dockerfile).
+IMAGE_PYTHON = "/opt/rbln-device-plugin/bin/python"
+# Two NPUs and one PF partitioned into four VFs, on one PCIe switch: npu 2, npu-vf4 4.
+NODE_SPEC = "2,1:vf4"
+# rsd<G> nodes for the groups the stack may make (one per NPU at most).
+RSD_GROUPS = 8
+TOOLKIT_SPEC = next(data for why, _suffix, data in EDGE_FILES if why == "the toolkit's spec")
+READY_TIMEOUT = 120.0
+WORKLOAD_NAMESPACE = "default"
+
+_stopwatch = Stopwatch()
+
+
+@dataclasses.dataclass
+class Session:
+    cluster: Cluster
+    node: SimulatedNode
+    stopwatch: Stopwatch
+    image_tag: str
+
+
+def _env_path(name: str) -> pathlib.Path:
+    value = os.environ.get(name)
+    if not value:
+        raise pytest.UsageError(f"{name} is not set: run the cluster scenarios with tests/cluster/run.sh")
+    return pathlib.Path(value)
+
+
+def _device_nodes(node: SimulatedNode) -> None:
+    """The simulated NPUs as character devices in the namespace's /dev, where containerd and runc look for
+    the host paths the stack hands out (the stack itself looks in the node's dev dir, regular files)."""
+    for name in ["rsd0", *node.devices(), *(f"rsd{g}" for g in range(1, RSD_GROUPS + 1))]:
+        os.mknod(f"/dev/{name}", 0o666 | 0o020000, os.makedev(1, 3))
+
+
+@pytest.fixture(scope="session")
+def session() -> Iterator[Session]:
+    work = _env_path("CLUSTER_WORK")
+    runc = work / "bin" / "runc"
+    runc.parent.mkdir(exist_ok=True)
+    shutil.copy(pathlib.Path(__file__).with_name("runc_oom_clamp.py"), runc.with_name("runc-oom-clamp"))
+    cluster = Cluster(work, _env_path("CLUSTER_HARNESS"), _env_path("CONTAINERD_BIN"),
+                      runc.with_name("runc-oom-clamp"), pathlib.Path("/usr/lib/cni"), tools.kubectl())
+    start = time.monotonic()
+    try:
+        cluster.start_runtime()
+        for archive in os.environ["IMAGE_ARCHIVES"].split():
+            cluster.import_image(pathlib.Path(archive))
+        cluster.start()
+        _stopwatch.since("cluster up (certificates, control plane, containerd, images, node Ready)", start)
+        node = build_node(work / "node", NodeSpec.parse(NODE_SPEC, switches=1), smi_python=IMAGE_PYTHON)
+        _device_nodes(node)
+        pathlib.Path("/var/run/cdi").mkdir(parents=True, exist_ok=True)
+        pathlib.Path("/var/run/cdi/rbln-toolkit.yaml").write_bytes(TOOLKIT_SPEC)
+        yield Session(cluster, node, _stopwatch, project_version())
+    finally:
+        cluster.stop()
+
+
+def node_values(node: SimulatedNode) -> dict[str, Any]:
+    """The values that point the chart at the simulated node: its paths, and its dir mounted at the same path
+    (the rbln-smi stand-in and its state). No /etc/cdi (the chart's default spec dir would be made on the
+    host): the toolkit's spec is in cdiRoot."""
+    return {"paths": {"sysfsRoot": str(node.sysfs_root), "devRoot": str(node.dev_root),
+                      "rblnSmi": str(node.rbln_smi), "rsdLockFile": str(node.lock_file)},
+            "devicePlugin": {"cdiSpecDirs": []},
+            "extraVolumes": [{"name": "simulated-node", "hostPath": {"path": str(node.root), "type": "Directory"}}],
+            "extraVolumeMounts": [{"name": "simulated-node", "mountPath": str(node.root)}]}
+
+
+class Release:
+    """The chart installed by `helm upgrade --install` as the README says, plus the node's values and the
+    mode's."""
+
+    def __init__(self, session: Session, mode_values: Sequence[str], work: pathlib.Path):
+        self.session = session
+        self.cluster = session.cluster
+        self.mode_values = list(mode_values)
+        self.values_file = work / "node-values.yaml"
+        self.values_file.write_text(yaml.safe_dump(node_values(session.node)))
+        self.installed = False
+
+    def helm(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(tools.helm()), f"--kubeconfig={self.cluster.admin_kubeconfig}", *args],
+                                capture_output=True, text=True, timeout=timeout)
+        assert result.returncode == 0, f"helm {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+        return result
+
+    def upgrade_install(self, tag: str) -> None:
+        self.helm("upgrade", "--install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+                  "--set", f"image.repository={IMAGE_REPOSITORY}", "--set", f"image.tag={tag}",
+                  "-f", str(self.values_file), *self.mode_values)
+        self.installed = True
+
+    def uninstall(self) -> None:
+        self.helm("uninstall", RELEASE, "-n", NAMESPACE)
+        self.installed = False
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.cluster.pods(NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
+
+    def ready_pod(self, other_than: str = "", timeout: float = READY_TIMEOUT) -> dict[str, Any]:
+        """The release's one pod once Ready (and not named `other_than`, the pod an upgrade replaces)."""
+        def ready() -> dict[str, Any] | None:
+            pods = [p for p in self.pods() if p["metadata"]["name"] != other_than
+                    and not p["metadata"].get("deletionTimestamp")]
+            return pods[0] if len(pods) == 1 and pod_ready(pods[0]) else None
+        return wait_until(ready, timeout, f"the {RELEASE} pod Ready", poll=0.2)
+
+    def exec(self, pod: str, *argv: str) -> str:
+        return self.cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "plugin", "--", *argv).stdout
+
+
+@pytest.fixture(scope="module")
+def release(request: pytest.FixtureRequest, session: Session, tmp_path_factory) -> Iterator[Release]:
+    mode = request.module.MODE
+    installed = Release(session, request.module.MODE_VALUES, tmp_path_factory.mktemp(mode))
+    start = time.monotonic()
+    installed.upgrade_install(session.image_tag)
+    installed.ready_pod()
+    session.stopwatch.since(f"helm install -> DaemonSet pod Ready ({mode})", start)
+    yield installed
+    for workload in session.cluster.pods(WORKLOAD_NAMESPACE):
+        session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, workload["metadata"]["name"],
+                                "--grace-period=0", "--force", check=False)
+    if installed.installed:
+        installed.uninstall()
+        wait_until(lambda: not installed.pods(), READY_TIMEOUT, "the release's pods gone")
+
+
+def workload_pod(name: str, requests: Mapping[str, int] | None = None,
+                 claims: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A busybox pod that lists its /dev and sleeps; `requests` are extended resources, `claims` pod claim
+    name -> ResourceClaimTemplate name."""
+    container: dict[str, Any] = {"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                 "command": ["sh", "-c", "ls /dev; sleep 3600"]}
+    if requests:
+        container["resources"] = {"limits": {k: str(v) for k, v in requests.items()}}
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 0,
+                            "nodeSelector": {"kubernetes.io/hostname": NODE}}
+    if claims:
+        spec["resourceClaims"] = [{"name": c, "resourceClaimTemplateName": t} for c, t in claims.items()]
+        container["resources"] = {**container.get("resources", {}), "claims": [{"name": c} for c in claims]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE},
+            "spec": spec}
+
+
+def run_pod(session: Session, mode: str, pod: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the pod and wait until it runs; the time from create to Running is recorded for the mode."""
+    cluster = session.cluster
+    start = time.monotonic()
+    cluster.apply(pod)
+    name = pod["metadata"]["name"]
+
+    def running() -> dict[str, Any] | None:
+        current = cluster.get("pod", "-n", WORKLOAD_NAMESPACE, name)
+        return current if current["status"].get("phase") == "Running" else None
+    try:
+        running_pod = wait_until(running, READY_TIMEOUT, f"pod {name} Running", poll=0.1)
+    except TimeoutError:
+        events = [f"{e['reason']}: {e['message']}" for e in cluster.events(WORKLOAD_NAMESPACE, name)]
+        raise AssertionError(f"pod {name} not Running; events: {events}") from None
+    session.stopwatch.since(f"pod create -> Running ({mode})", start)
+    return running_pod
+
+
+def devices_seen(session: Session, pod_name: str) -> set[str]:
+    """The NPU device nodes in the pod's /dev (what its `ls /dev` printed)."""
+    def listed() -> str:
+        return session.cluster.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod_name, check=False).stdout
+    output = wait_until(listed, 30, f"{pod_name}'s ls /dev")
+    return {name for name in output.split() if name.startswith(("rbln", "rsd"))}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _stopwatch.seconds:
+        terminalreporter.section("timings")
+        for line in _stopwatch.lines():
+            terminalreporter.write_line(line)

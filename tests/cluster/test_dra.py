@@ -1,0 +1,109 @@
+"""DRA mode on the cluster: worker-dra publishes the node's NPUs as ResourceSlices, the scheduler allocates
+claims from them, the kubelet prepares them and containerd injects the CDI devices. The scenarios run in
+file order on one release."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tests.cluster.cluster import NODE
+from tests.cluster.conftest import WORKLOAD_NAMESPACE, devices_seen, run_pod, workload_pod
+from tests.support.waiting import wait_until
+
+MODE = "dra"
+MODE_VALUES = ("--set", "resourceApi=dra")
+DRIVER = "npu.rebellions.ai"
+CLASSES = {"npu.rebellions.ai", "npu-vf1.rebellions.ai", "npu-vf4.rebellions.ai"}
+RESOURCE_V1 = "resource.k8s.io/v1"
+CDI_DIR = pathlib.Path("/var/run/cdi")
+
+
+def _template(name: str, device_class: str, count: int = 1,
+              constraints: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": "npus", "exactly": {
+        "deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}}]}
+    if constraints:
+        devices["constraints"] = list(constraints)
+    return {"apiVersion": RESOURCE_V1, "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": WORKLOAD_NAMESPACE}, "spec": {"spec": {"devices": devices}}}
+
+
+def _slices(session) -> list[dict[str, Any]]:
+    return [s for s in session.cluster.get("resourceslices")["items"]
+            if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE]
+
+
+def _published(session) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in _slices(session) for d in s["spec"].get("devices", [])}
+
+
+def _claim_of(session, pod_name: str) -> dict[str, Any]:
+    pod = session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, pod_name)
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    return session.cluster.get("resourceclaim", "-n", WORKLOAD_NAMESPACE, status["resourceClaimName"])
+
+
+def _claim_specs() -> set[str]:
+    """The CDI spec files worker-dra wrote for prepared claims (the toolkit's spec aside)."""
+    return {p.name for p in CDI_DIR.iterdir() if p.name != "rbln-toolkit.yaml"}
+
+
+def test_the_device_classes(release, session):
+    names = {c["metadata"]["name"] for c in session.cluster.get("deviceclasses")["items"]}
+    assert names >= CLASSES
+
+
+def test_the_slices_publish_the_nodes_devices(release, session):
+    devices = wait_until(lambda: len(_published(session)) == 6 and _published(session), 60,
+                         "6 devices in the node's slices")
+    types = sorted(d["attributes"][f"{DRIVER}/type"]["string"] if f"{DRIVER}/type" in d["attributes"]
+                   else d["attributes"]["type"]["string"] for d in devices.values())
+    assert types == ["npu", "npu", "vf", "vf", "vf", "vf"]
+
+
+def test_a_claim_template_is_allocated_prepared_injected_and_unprepared(release, session):
+    session.cluster.apply(_template("one-npu", "npu.rebellions.ai"))
+    run_pod(session, MODE, workload_pod("dra-one", claims={"npu": "one-npu"}))
+    claim = _claim_of(session, "dra-one")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == DRIVER
+    devices = devices_seen(session, "dra-one")
+    assert "rsd0" in devices and len({d for d in devices if d.startswith("rbln")}) == 1, devices
+    assert _claim_specs(), "no CDI spec for the prepared claim"
+    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-one", "--wait=true", timeout=120)
+    wait_until(lambda: not _claim_specs(), 60, "the claim's CDI spec removed (unprepared)")
+
+
+def test_two_npus_on_one_pcie_root(release, session):
+    constraint = {"requests": ["npus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+    session.cluster.apply(_template("two-npus", "npu.rebellions.ai", count=2, constraints=[constraint]))
+    run_pod(session, MODE, workload_pod("dra-two", claims={"npu": "two-npus"}))
+    assert len(_claim_of(session, "dra-two")["status"]["allocation"]["devices"]["results"]) == 2
+    devices = devices_seen(session, "dra-two")
+    assert "rsd0" in devices and len({d for d in devices if d.startswith("rbln")}) == 2, devices
+    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-two", "--wait=true", timeout=120)
+
+
+def test_a_vf_claim(release, session):
+    session.cluster.apply(_template("one-vf", "npu-vf4.rebellions.ai"))
+    run_pod(session, MODE, workload_pod("dra-vf", claims={"vf": "one-vf"}))
+    (result,) = _claim_of(session, "dra-vf")["status"]["allocation"]["devices"]["results"]
+    assert _published(session)[result["device"]]
+    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-vf", "--wait=true", timeout=120)
+
+
+def test_the_extended_resource_name_is_served_through_the_device_class(release, session):
+    run_pod(session, MODE, workload_pod("dra-extended", requests={"rebellions.ai/npu": 1}))
+    pod = session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, "dra-extended")
+    assert pod["status"].get("extendedResourceClaimStatus"), json.dumps(pod["status"])
+    devices = devices_seen(session, "dra-extended")
+    assert len({d for d in devices if d.startswith("rbln")}) == 1, devices
+    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-extended", "--wait=true", timeout=120)
+
+
+def test_helm_uninstall_stops_the_stack(release, session):
+    release.uninstall()
+    wait_until(lambda: not release.pods(), 60, "the pod gone", poll=0.2)
