@@ -11,10 +11,12 @@ namespace's own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import secrets
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +34,7 @@ APISERVER = f"https://{SERVICE_IP}:443"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 START_TIMEOUT = 120.0
 STOP_TIMEOUT = 15.0
+CGROUPS = pathlib.Path("/sys/fs/cgroup")
 
 
 class Component:
@@ -103,6 +106,8 @@ class Cluster:
         self.components: dict[str, Component] = {}
         self.admin_kubeconfig = work / "admin.kubeconfig"
         self.containerd_socket = work / "containerd" / "containerd.sock"
+        # Apart from any other kubelet's on the machine.
+        self.cgroup_root = f"rbln-cluster-{os.getpid()}"
 
     # --- bring-up --------------------------------------------------------------------------------------
 
@@ -167,7 +172,7 @@ class Cluster:
                 f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}", f"--token-auth-file={pki / 'tokens.csv'}",
                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-                "--allow-privileged=true", "--anonymous-auth=false",
+                "--allow-privileged=true", "--anonymous-auth=false", "--kubelet-preferred-address-types=InternalIP",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -197,6 +202,8 @@ root = "{base / 'root'}"
 state = "/run/containerd"
 [grpc]
   address = "{self.containerd_socket}"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{base / 'opt'}"
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = "{PAUSE_IMAGE}"
 [plugins.'io.containerd.cri.v1.runtime']
@@ -226,14 +233,37 @@ state = "/run/containerd"
         subprocess.run([str(self.containerd_bin / "ctr"), "--address", str(self.containerd_socket),
                         "-n", "k8s.io", "images", "tag", source, target], check=True, capture_output=True, timeout=60)
 
+    def _make_cgroup_root(self) -> None:
+        """The kubelet's cgroupRoot in every cgroup v1 hierarchy: the kubelet requires it to exist. cpuset's
+        takes its parent's CPUs and memory nodes (an empty cpuset admits no task)."""
+        for hierarchy in CGROUPS.iterdir():
+            if hierarchy.is_dir() and not hierarchy.is_symlink():
+                (hierarchy / self.cgroup_root).mkdir(exist_ok=True)
+                for name in ("cpuset.cpus", "cpuset.mems"):
+                    if (hierarchy / name).exists():
+                        (hierarchy / self.cgroup_root / name).write_text((hierarchy / name).read_text())
+
+    def _remove_cgroup_root(self) -> None:
+        """The cgroups under the kubelet's root, deepest first, once every pod's process is gone."""
+        for hierarchy in CGROUPS.iterdir():
+            root = hierarchy / self.cgroup_root
+            if hierarchy.is_symlink() or not root.is_dir():
+                continue
+            for directory in sorted((d for d in root.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()
+
     def _start_kubelet(self, token: str) -> None:
+        self._make_cgroup_root()
         kubeconfig = _kubeconfig(self.work / "kubelet.kubeconfig", self.pki / "ca.crt", token)
         config = self.work / "kubelet.yaml"
         config.write_text(json.dumps({
             "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            # cgroup v1 here, and a root of its own, apart from any other kubelet on the machine.
-            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/rbln-cluster-{os.getpid()}",
+            # cgroup v1 here.
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/{self.cgroup_root}",
             "failSwapOn": False, "resolvConf": "", "readOnlyPort": 0, "address": NODE_IP,
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
             "authorization": {"mode": "AlwaysAllow"},
@@ -254,8 +284,31 @@ state = "/run/containerd"
         kubelet.start()
 
     def stop(self) -> None:
+        """Everything this cluster started: the kubelet first, then the pods' processes and containerd's shims
+        (which outlive containerd), then the rest in reverse order of start."""
+        if "kubelet" in self.components:
+            self.components.pop("kubelet").stop()
+        self._kill_pods_and_shims()
         for name in reversed(list(self.components)):
             self.components[name].stop()
+        self._remove_cgroup_root()
+
+    def _kill_pods_and_shims(self) -> None:
+        pids = set()
+        for hierarchy in (CGROUPS / "pids", CGROUPS / "memory"):
+            root = hierarchy / self.cgroup_root
+            if root.is_dir():
+                pids |= {int(pid) for procs in root.rglob("cgroup.procs") for pid in procs.read_text().split()}
+        address = str(self.containerd_socket).encode()
+        for entry in pathlib.Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    if argv[0].endswith(b"containerd-shim-runc-v2") and address in argv:
+                        pids.add(int(entry.name))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     # --- the API ---------------------------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ import yaml
 
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
-from tests.cdi_spec_family import EDGE_FILES
 from tests.cluster.cluster import NODE, Cluster, Stopwatch, pod_ready
 from tests.cluster.images import BUSYBOX_IMAGE
 from tests.support.deploy import ROOT, load_deploy_module, project_version
@@ -46,7 +45,16 @@ IMAGE_PYTHON = "/opt/rbln-device-plugin/bin/python"
 NODE_SPEC = "2,1:vf4"
 # rsd<G> nodes for the groups the stack may make (one per NPU at most).
 RSD_GROUPS = 8
-TOOLKIT_SPEC = next(data for why, _suffix, data in EDGE_FILES if why == "the toolkit's spec")
+# What the RBLN container toolkit installs defines rebellions.ai/npu=runtime, which the chart's default
+# cdiAnnotation (always) names; its edits here are an environment variable alone (the toolkit's mount the
+# node's rbln-smi, which this node does not have).
+TOOLKIT_SPEC = b"""cdiVersion: 0.5.0
+kind: rebellions.ai/npu
+devices:
+- name: runtime
+  containerEdits:
+    env: [RBLN_TOOLKIT=cluster-test]
+"""
 READY_TIMEOUT = 120.0
 WORKLOAD_NAMESPACE = "default"
 
@@ -195,22 +203,33 @@ def run_pod(session: Session, mode: str, pod: Mapping[str, Any]) -> dict[str, An
     name = pod["metadata"]["name"]
 
     def running() -> dict[str, Any] | None:
+        """The pod once its container runs (the phase is Running while a container fails to start)."""
         current = cluster.get("pod", "-n", WORKLOAD_NAMESPACE, name)
-        return current if current["status"].get("phase") == "Running" else None
+        statuses = current["status"].get("containerStatuses", [])
+        return current if statuses and all("running" in s["state"] for s in statuses) else None
     try:
         running_pod = wait_until(running, READY_TIMEOUT, f"pod {name} Running", poll=0.1)
     except TimeoutError:
         events = [f"{e['reason']}: {e['message']}" for e in cluster.events(WORKLOAD_NAMESPACE, name)]
-        raise AssertionError(f"pod {name} not Running; events: {events}") from None
+        status = cluster.get("pod", "-n", WORKLOAD_NAMESPACE, name)["status"]
+        raise AssertionError(f"pod {name} not Running; events: {events}; status: {status}") from None
     session.stopwatch.since(f"pod create -> Running ({mode})", start)
     return running_pod
 
 
 def devices_seen(session: Session, pod_name: str) -> set[str]:
     """The NPU device nodes in the pod's /dev (what its `ls /dev` printed)."""
+    last: list[subprocess.CompletedProcess] = []
+
     def listed() -> str:
-        return session.cluster.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod_name, check=False).stdout
-    output = wait_until(listed, 30, f"{pod_name}'s ls /dev")
+        last[:] = [session.cluster.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod_name, check=False)]
+        return last[0].stdout
+    try:
+        output = wait_until(listed, 30, f"{pod_name}'s ls /dev", poll=0.2)
+    except TimeoutError as error:
+        files = {str(f): f.read_text() for f in pathlib.Path("/var/log/pods").glob(f"*_{pod_name}_*/*/*")}
+        status = session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, pod_name)["status"]
+        raise AssertionError(f"{error}: kubectl logs said {last[0].stderr!r}; {files}; {status}") from None
     return {name for name in output.split() if name.startswith(("rbln", "rsd"))}
 
 

@@ -7,6 +7,7 @@ import json
 import pathlib
 import time
 
+from shared.device_status import KernelStatus
 from tests.cluster.conftest import (
     IMAGE_REPOSITORY,
     NAMESPACE,
@@ -15,7 +16,6 @@ from tests.cluster.conftest import (
     run_pod,
     workload_pod,
 )
-from tests.support.allocators import FAULT, READY
 from tests.support.waiting import wait_until
 
 MODE = "device-plugin"
@@ -75,11 +75,11 @@ def test_a_pod_that_does_not_fit_stays_pending_with_the_schedulers_reason(releas
 def test_a_fault_and_its_recovery_are_followed_by_allocatable(release, session):
     node = session.node
     start = time.monotonic()
-    node.set_status("rbln0", FAULT.value)
+    node.set_status("rbln0", int(KernelStatus.FAULT))
     wait_until(lambda: _allocatable(session, NPU) == "1", 60, "allocatable npu 1 after the FAULT", poll=0.2)
     session.stopwatch.since("FAULT -> allocatable", start)
     start = time.monotonic()
-    node.set_status("rbln0", READY.value)
+    node.set_status("rbln0", int(KernelStatus.READY))
     wait_until(lambda: _allocatable(session, NPU) == "2", 60, "allocatable npu 2 after recovery", poll=0.2)
     session.stopwatch.since("recovery -> allocatable", start)
 
