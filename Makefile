@@ -3,7 +3,7 @@
 # and every other target runs one of its steps with the same command (tests/unit/test_makefile.py holds
 # each recipe line to a line of .ci/run). `make test-fast` is the unit tests alone, the loop between edits.
 
-.PHONY: help lint test-fast test deploy image conformance dra nfd cdi prometheus bench ci
+.PHONY: help lint test-fast test deploy image conformance dra cluster nfd cdi prometheus bench ci
 
 help:
 	@echo "make lint         ruff and mypy, as CI runs them"
@@ -13,6 +13,7 @@ help:
 	@echo "make image        the image built and run on Docker (deploy/image_test.sh)"
 	@echo "make conformance  the real kubelet's device manager (Go, root)"
 	@echo "make dra          a real API server and the kubelet's DRA manager (Go)"
+	@echo "make cluster      the chart and the image on a one-node cluster from source, both modes (Go, root)"
 	@echo "make nfd          the real Node Feature Discovery (Go, root)"
 	@echo "make cdi          the CDI reference library (Go)"
 	@echo "make prometheus   a real Prometheus server scrapes the stack (needs prometheus on PATH)"
@@ -40,6 +41,9 @@ conformance:
 
 dra:
 	bash tests/dra/run.sh
+
+cluster:
+	bash tests/cluster/run.sh
 
 nfd:
 	bash tests/nfd/run.sh

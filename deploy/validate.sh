@@ -157,6 +157,7 @@ check "shellcheck tests/nfd/run.sh tests/nfd/crds.sh tests/nfd/with_features_dir
   "$SHELLCHECK" tests/nfd/run.sh tests/nfd/crds.sh tests/nfd/with_features_dir.sh
 check "shellcheck tests/cdi/run.sh" "$SHELLCHECK" tests/cdi/run.sh
 check "shellcheck tests/dra/run.sh" "$SHELLCHECK" tests/dra/run.sh
+check "shellcheck tests/cluster/run.sh tests/cluster/namespaces.sh" "$SHELLCHECK" tests/cluster/run.sh tests/cluster/namespaces.sh
 
 # --- Image -----------------------------------------------------------------------------------------
 # Linted here; tests/deploy/test_container.py checks the recipe and its locks without an engine, and
