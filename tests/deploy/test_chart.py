@@ -657,6 +657,9 @@ def test_the_originals_defaults_give_its_names_scheduling_container_and_environm
     assert "resources" not in container
     assert container["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
     assert (container["livenessProbe"]["periodSeconds"], container["livenessProbe"]["failureThreshold"]) == (10, 3)
+    # Ready at the kubelet's first tick after the stack is (tests/cluster measures it): no delay, a short period.
+    assert container["readinessProbe"] == {"grpc": {"port": 51515, "service": "readiness"}, "initialDelaySeconds": 0,
+                                           "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 3}
     env = env_of(container)
     assert {name: env[name] for name in ("CDI_ROOT", "KUBELET_DEVICE_PLUGIN_PATH", "USE_GENERIC_RESOURCE_NAME",
                                          "HEALTHCHECK_PORT", "RBLN_DEVICE_PLUGIN_LOG_LEVEL",
