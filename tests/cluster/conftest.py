@@ -14,6 +14,7 @@ leaves this directory out (tests/support/suites.py).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import pathlib
 import shutil
@@ -167,8 +168,9 @@ def release(request: pytest.FixtureRequest, session: Session, tmp_path_factory) 
     installed = Release(session, request.module.MODE_VALUES, tmp_path_factory.mktemp(mode))
     start = time.monotonic()
     installed.upgrade_install(session.image_tag)
-    installed.ready_pod()
+    pod = installed.ready_pod()
     session.stopwatch.since(f"helm install -> DaemonSet pod Ready ({mode})", start)
+    session.stopwatch.record(f"plugin container start -> pod Ready, whole seconds ({mode})", start_to_ready(pod))
     yield installed
     for workload in session.cluster.pods(WORKLOAD_NAMESPACE):
         session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, workload["metadata"]["name"],
@@ -176,6 +178,16 @@ def release(request: pytest.FixtureRequest, session: Session, tmp_path_factory) 
     if installed.installed:
         installed.uninstall()
         wait_until(lambda: not installed.pods(), READY_TIMEOUT, "the release's pods gone")
+
+
+def start_to_ready(pod: Mapping[str, Any]) -> float:
+    """Seconds from the container's start to the pod's Ready condition, as the kubelet reports them (whole
+    seconds): how long the readiness probe made a ready stack wait."""
+    def moment(text: str) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    (container,) = pod["status"]["containerStatuses"]
+    (ready,) = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
+    return (moment(ready["lastTransitionTime"]) - moment(container["state"]["running"]["startedAt"])).total_seconds()
 
 
 def workload_pod(name: str, requests: Mapping[str, int] | None = None,

@@ -14,6 +14,7 @@ from tests.cluster.conftest import (
     WORKLOAD_NAMESPACE,
     devices_seen,
     run_pod,
+    start_to_ready,
     workload_pod,
 )
 from tests.support.waiting import wait_until
@@ -101,6 +102,7 @@ def test_helm_upgrade_rolls_the_daemonset_and_leaves_running_pods_untouched(rele
     release.upgrade_install(new_tag)
     pod = release.ready_pod(other_than=old)
     session.stopwatch.since("helm upgrade -> new pod Ready", start)
+    session.stopwatch.record("plugin container start -> pod Ready, whole seconds (upgrade)", start_to_ready(pod))
     assert pod["spec"]["containers"][0]["image"].endswith(f":{new_tag}")
     assert _workloads(session) == before
     assert all(p["status"]["phase"] == "Running" for p in session.cluster.pods(WORKLOAD_NAMESPACE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -51,6 +52,15 @@ def _claim_specs() -> set[str]:
     return {p.name for p in CDI_DIR.iterdir() if p.name != "rbln-toolkit.yaml"}
 
 
+def _delete_and_wait_unprepared(session, pod_name: str) -> None:
+    """Delete the pod, then wait until the kubelet has unprepared its claim (worker-dra removes the claim's CDI
+    spec): until then its devices, free again for the scheduler, cannot be prepared for another claim."""
+    start = time.monotonic()
+    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, pod_name, "--wait=true", timeout=120)
+    wait_until(lambda: not _claim_specs(), 60, f"{pod_name}'s claim unprepared (its CDI spec removed)", poll=0.2)
+    session.stopwatch.since("pod delete -> claim unprepared (dra)", start)
+
+
 def test_the_device_classes(release, session):
     names = {c["metadata"]["name"] for c in session.cluster.get("deviceclasses")["items"]}
     assert names >= CLASSES
@@ -73,8 +83,7 @@ def test_a_claim_template_is_allocated_prepared_injected_and_unprepared(release,
     devices = devices_seen(session, "dra-one")
     assert "rsd0" in devices and len({d for d in devices if d.startswith("rbln")}) == 1, devices
     assert _claim_specs(), "no CDI spec for the prepared claim"
-    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-one", "--wait=true", timeout=120)
-    wait_until(lambda: not _claim_specs(), 60, "the claim's CDI spec removed (unprepared)")
+    _delete_and_wait_unprepared(session, "dra-one")
 
 
 def test_two_npus_on_one_pcie_root(release, session):
@@ -84,7 +93,7 @@ def test_two_npus_on_one_pcie_root(release, session):
     assert len(_claim_of(session, "dra-two")["status"]["allocation"]["devices"]["results"]) == 2
     devices = devices_seen(session, "dra-two")
     assert "rsd0" in devices and len({d for d in devices if d.startswith("rbln")}) == 2, devices
-    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-two", "--wait=true", timeout=120)
+    _delete_and_wait_unprepared(session, "dra-two")
 
 
 def test_a_vf_claim(release, session):
@@ -92,7 +101,7 @@ def test_a_vf_claim(release, session):
     run_pod(session, MODE, workload_pod("dra-vf", claims={"vf": "one-vf"}))
     (result,) = _claim_of(session, "dra-vf")["status"]["allocation"]["devices"]["results"]
     assert _published(session)[result["device"]]
-    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-vf", "--wait=true", timeout=120)
+    _delete_and_wait_unprepared(session, "dra-vf")
 
 
 def test_the_extended_resource_name_is_served_through_the_device_class(release, session):
@@ -101,7 +110,7 @@ def test_the_extended_resource_name_is_served_through_the_device_class(release, 
     assert pod["status"].get("extendedResourceClaimStatus"), json.dumps(pod["status"])
     devices = devices_seen(session, "dra-extended")
     assert len({d for d in devices if d.startswith("rbln")}) == 1, devices
-    session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "dra-extended", "--wait=true", timeout=120)
+    _delete_and_wait_unprepared(session, "dra-extended")
 
 
 def test_helm_uninstall_stops_the_stack(release, session):
