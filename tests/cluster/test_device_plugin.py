@@ -8,7 +8,7 @@ import pathlib
 import time
 
 from shared.device_status import KernelStatus
-from tests.cluster.conftest import (
+from tests.cluster.scenarios import (
     IMAGE_REPOSITORY,
     NAMESPACE,
     WORKLOAD_NAMESPACE,

@@ -11,21 +11,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tests.cluster.cluster import NODE
-from tests.cluster.conftest import WORKLOAD_NAMESPACE, devices_seen, run_pod, workload_pod
+from tests.cluster.scenarios import WORKLOAD_NAMESPACE, devices_seen, run_pod, workload_pod
+from tests.dra.dra_harness import DRIVER, RESOURCE_V1, exactly
 from tests.support.waiting import wait_until
 
 MODE = "dra"
 MODE_VALUES = ("--set", "resourceApi=dra")
-DRIVER = "npu.rebellions.ai"
 CLASSES = {"npu.rebellions.ai", "npu-vf1.rebellions.ai", "npu-vf4.rebellions.ai"}
-RESOURCE_V1 = "resource.k8s.io/v1"
 CDI_DIR = pathlib.Path("/var/run/cdi")
 
 
 def _template(name: str, device_class: str, count: int = 1,
               constraints: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    devices: dict[str, Any] = {"requests": [{"name": "npus", "exactly": {
-        "deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}}]}
+    devices: dict[str, Any] = {"requests": [exactly("npus", device_class, count)]}
     if constraints:
         devices["constraints"] = list(constraints)
     return {"apiVersion": RESOURCE_V1, "kind": "ResourceClaimTemplate",

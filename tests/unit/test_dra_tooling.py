@@ -1,10 +1,13 @@
-"""The DRA harness's tooling, without Go: it pins the conformance harness's k8s.io/kubernetes release with that
-release's staging replaces, and tests/dra/run.sh on a machine without Go says so in one line."""
+"""The DRA harness's tooling, without Go: it (and the cluster harness) pins the conformance harness's
+k8s.io/kubernetes release with that release's staging replaces, and tests/dra/run.sh on a machine without Go
+says so in one line."""
 
 import os
 import pathlib
 import re
 import subprocess
+
+import pytest
 
 from tests.conformance.pin_kubelet import HARNESS, staging_version
 
@@ -17,10 +20,12 @@ def kubernetes_release(harness: pathlib.Path) -> str:
     return release
 
 
-def test_the_dra_harness_pins_the_conformance_harness_release_and_its_staging_replaces():
-    release = kubernetes_release(DRA_HARNESS)
+# The cluster harness (tests/cluster/harness: the control plane and the kubelet in one program) is pinned alike.
+@pytest.mark.parametrize("harness", [DRA_HARNESS, ROOT / "tests" / "cluster" / "harness"], ids=["dra", "cluster"])
+def test_the_harness_pins_the_conformance_harness_release_and_its_staging_replaces(harness):
+    release = kubernetes_release(harness)
     assert release == kubernetes_release(HARNESS)
-    replaces = re.findall(r"^\s+(k8s\.io/\S+) => (\S+) (\S+)$", (DRA_HARNESS / "go.mod").read_text(), re.M)
+    replaces = re.findall(r"^\s+(k8s\.io/\S+) => (\S+) (\S+)$", (harness / "go.mod").read_text(), re.M)
     assert replaces and all(old == new and version == staging_version(release) for old, new, version in replaces)
 
 
