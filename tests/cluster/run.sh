@@ -8,7 +8,8 @@
 #    ~/.cache/rbln-cluster): the cluster harness (tests/cluster/harness: etcd, kube-apiserver,
 #    kube-controller-manager, kube-scheduler and the kubelet of the release the conformance harness pins, one
 #    binary), containerd v2.2.9 (containerd, its runc shim, ctr) through the Go module proxy, a static pause.
-#    Debian's runc, containernetworking-plugins and busybox-static are installed when missing.
+#    Debian's runc, containernetworking-plugins and busybox-static (and iproute2, openssl) are installed when
+#    missing.
 # 2. The image: deploy/image_test.sh builds it with the project's Dockerfile (IMAGE_ARCHIVE: the build
 #    alone, saved for containerd); busybox and pause become images of their own.
 # 3. The cluster and the scenarios: tests/cluster/namespaces.sh makes a private mount and network namespace
@@ -40,6 +41,8 @@ missing=()
 command -v runc >/dev/null 2>&1 || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 [ -x /bin/busybox ] || missing+=(busybox-static)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ "${#missing[@]}" -gt 0 ]; then
   say "installing ${missing[*]} (apt-get)"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
