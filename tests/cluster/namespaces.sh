@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The node's private world, run by tests/cluster/run.sh under `unshare --mount --propagation private --net`:
-# everything mounted here is this mount namespace's alone and gone with it, every address and route is this
-# network namespace's. Then the command given (the scenarios) runs in it.
+# The node's private world, run by tests/cluster/run.sh under `unshare --mount --propagation private --net --pid
+# --fork --mount-proc`: everything mounted here is this mount namespace's alone and gone with it, every address
+# and route is this network namespace's, and every process of the cluster is in this PID namespace. Then the
+# command given (the scenarios) runs in it.
 #
 #   NODE_IP=... KUBERNETES_SERVICE_IP=... bash tests/cluster/namespaces.sh WORK -- COMMAND...
 #
@@ -55,4 +56,6 @@ ip link set lo up
 ip addr add "$NODE_IP/32" dev lo
 ip addr add "$KUBERNETES_SERVICE_IP/32" dev lo
 
-exec "$@"
+# Not exec'd: this shell stays PID 1 of the run's PID namespace, reaping the processes orphaned to it
+# (containerd's shims); when it ends, the kernel ends whatever of the cluster is left.
+"$@"

@@ -108,7 +108,8 @@ say "scenarios"
 export NODE_IP=10.99.0.1 KUBERNETES_SERVICE_IP=10.96.0.1
 CLUSTER_WORK=$WORK CLUSTER_HARNESS=$HARNESS CONTAINERD_BIN=$CONTAINERD_BIN \
   IMAGE_ARCHIVES="$WORK/image.tar $WORK/pause.tar $WORK/busybox.tar" \
-  unshare --mount --propagation private --net -- bash "$HERE/namespaces.sh" "$WORK" -- \
+  unshare --mount --propagation private --net --pid --fork --mount-proc --kill-child \
+  bash "$HERE/namespaces.sh" "$WORK" -- \
   "$PYTHON" -m pytest -c "$HERE/pytest.ini" -p no:cacheprovider --junitxml="$WORK/report.xml" "$@" "$HERE"
 PYTEST_STATUS=$?
 
