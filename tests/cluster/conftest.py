@@ -25,11 +25,13 @@ from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 from tests.cluster.cluster import Cluster, Stopwatch
 from tests.cluster.scenarios import (
+    CDI_ROOT,
     IMAGE_PYTHON,
     NODE_SPEC,
     READY_TIMEOUT,
     RSD_GROUPS,
     TOOLKIT_SPEC,
+    TOOLKIT_SPEC_FILE,
     WORKLOAD_NAMESPACE,
     Release,
     Session,
@@ -73,8 +75,8 @@ def session() -> Iterator[Session]:
         _stopwatch.since("cluster up (certificates, control plane, containerd, images, node Ready)", start)
         node = build_node(work / "node", NodeSpec.parse(NODE_SPEC, switches=1), smi_python=IMAGE_PYTHON)
         _device_nodes(node)
-        pathlib.Path("/var/run/cdi").mkdir(parents=True, exist_ok=True)
-        pathlib.Path("/var/run/cdi/rbln-toolkit.yaml").write_bytes(TOOLKIT_SPEC)
+        CDI_ROOT.mkdir(parents=True, exist_ok=True)
+        (CDI_ROOT / TOOLKIT_SPEC_FILE).write_bytes(TOOLKIT_SPEC)
         yield Session(cluster, node, _stopwatch, project_version())
     finally:
         cluster.stop()

@@ -42,6 +42,9 @@ devices:
   containerEdits:
     env: [RBLN_TOOLKIT=cluster-test]
 """
+# The chart's cdiRoot (its default, /var/run/cdi), where the toolkit's spec lies and worker-dra writes its claims'.
+CDI_ROOT = pathlib.Path("/var/run/cdi")
+TOOLKIT_SPEC_FILE = "rbln-toolkit.yaml"
 READY_TIMEOUT = 120.0
 WORKLOAD_NAMESPACE = "default"
 

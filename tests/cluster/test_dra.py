@@ -5,20 +5,18 @@ file order on one release."""
 from __future__ import annotations
 
 import json
-import pathlib
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tests.cluster.cluster import NODE
-from tests.cluster.scenarios import WORKLOAD_NAMESPACE, devices_seen, run_pod, workload_pod
+from tests.cluster.scenarios import CDI_ROOT, TOOLKIT_SPEC_FILE, WORKLOAD_NAMESPACE, devices_seen, run_pod, workload_pod
 from tests.dra.dra_harness import DRIVER, RESOURCE_V1, exactly
 from tests.support.waiting import wait_until
 
 MODE = "dra"
 MODE_VALUES = ("--set", "resourceApi=dra")
 CLASSES = {"npu.rebellions.ai", "npu-vf1.rebellions.ai", "npu-vf4.rebellions.ai"}
-CDI_DIR = pathlib.Path("/var/run/cdi")
 
 
 def _template(name: str, device_class: str, count: int = 1,
@@ -47,7 +45,7 @@ def _claim_of(session, pod_name: str) -> dict[str, Any]:
 
 def _claim_specs() -> set[str]:
     """The CDI spec files worker-dra wrote for prepared claims (the toolkit's spec aside)."""
-    return {p.name for p in CDI_DIR.iterdir() if p.name != "rbln-toolkit.yaml"}
+    return {p.name for p in CDI_ROOT.iterdir() if p.name != TOOLKIT_SPEC_FILE}
 
 
 def _delete_and_wait_unprepared(session, pod_name: str) -> None:
@@ -67,8 +65,7 @@ def test_the_device_classes(release, session):
 def test_the_slices_publish_the_nodes_devices(release, session):
     devices = wait_until(lambda: len(_published(session)) == 6 and _published(session), 60,
                          "6 devices in the node's slices")
-    types = sorted(d["attributes"][f"{DRIVER}/type"]["string"] if f"{DRIVER}/type" in d["attributes"]
-                   else d["attributes"]["type"]["string"] for d in devices.values())
+    types = sorted(d["attributes"]["type"]["string"] for d in devices.values())
     assert types == ["npu", "npu", "vf", "vf", "vf", "vf"]
 
 
