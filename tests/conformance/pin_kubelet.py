@@ -9,7 +9,8 @@ changes between minors. The list is taken from the release's own go.mod, never w
     python tests/conformance/pin_kubelet.py --check   # the committed replaces are the pinned release's
 
 `--harness DIR` does the same for another Go module on k8s.io/kubernetes (tests/dra/harness, the DRA harness:
-kube-apiserver and the kubelet's DRA manager), which must stay at the conformance harness's release.
+kube-apiserver and the kubelet's DRA manager; tests/cluster/harness, the cluster harness: the control plane and
+the kubelet in one program), which must stay at the conformance harness's release.
 """
 
 from __future__ import annotations
