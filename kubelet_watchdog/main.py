@@ -220,6 +220,13 @@ class Watchdog:
             except SupervisorError as exc:
                 logger.error("Shutdown request failed", err=str(exc))
             return
+        started = self._started(programs)
+        if started:
+            try:
+                self._supervisor.confirm_started(started)
+                programs = self._supervisor.programs()
+            except SupervisorError as exc:  # then they become RUNNING at startsecs, as the table says
+                logger.debug("Cannot confirm started programs", err=str(exc))
         self._programs = programs
         published = self._judge(programs)
         # Steady only while replaced status files are seen at once: otherwise they are judged at every check.
@@ -228,6 +235,13 @@ class Watchdog:
         if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
             self._steady = True
             self._next_check = now + STEADY_CHECK_INTERVAL
+
+    def _started(self, programs: dict[str, dict]) -> dict[str, int]:
+        """The STARTING programs that are up (name: pid): this watchdog, and each whose running instance has
+        written its status file (shared/supervisord/started.py)."""
+        return {name: info["pid"] for name, info in programs.items() if info.get("statename") == "STARTING"
+                and (info.get("pid") == os.getpid() if name == WATCHDOG
+                     else current_status(self._status.read(name), programs, name) is not None)}
 
     def _judge(self, programs: dict[str, dict]) -> bool:
         """Probes and metrics from the status files as `programs` (supervisord's table) says which to trust.
