@@ -13,7 +13,7 @@ from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.feature_file import FeatureFile
 from scanner.node_labels import NodeFacts, derive_labels
 from scanner.publisher import InventoryPublisher
-from scanner.worker_demand import WorkerDemand, supervisord_orders
+from scanner.worker_demand import WorkerDemand, absent_grace, supervisord_orders
 from shared import ipc, process_status, status_records
 from shared.cdi_specs import remove_stale_specs
 from shared.config import RUN_DIR_ENV, ResourceApi, Settings
@@ -101,7 +101,8 @@ def worker_demand(settings: Settings) -> WorkerDemand | None:
     mode (in DRA mode supervisord starts worker-dra itself; run alone, the scanner has no workers)."""
     if settings.resource_api is not ResourceApi.DEVICE_PLUGIN or "SUPERVISOR_SERVER_URL" not in os.environ:
         return None
-    return WorkerDemand(supervisord_orders(settings.run_dir), time.monotonic)
+    return WorkerDemand(supervisord_orders(settings.run_dir), time.monotonic,
+                        absent_grace(settings.device_scan_interval))
 
 
 def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None:

@@ -1,6 +1,6 @@
 """One worker per resource the node has: the scanner, which is first to know which resources those are, has
 supervisord start a resource's worker when a scan first finds its devices, and stop it once its resource has
-been gone for ABSENT_GRACE_SECONDS.
+been gone for a grace (`absent_grace`: ABSENT_SCANS scans, at most ABSENT_GRACE_MAX_SECONDS).
 
 supervisord owns the workers throughout (supervisor.conf: `autostart=false`, `autorestart=true`): it spawns
 one when told to, restarts it when it exits and stops it with the stack; program names, log streams and status
@@ -25,8 +25,14 @@ from loguru import logger
 from shared.resources import Resource
 from shared.supervisord import transport
 
-# A resource gone from the scans for this long loses its worker (the issue's bound is a minute).
-ABSENT_GRACE_SECONDS = 30.0
+# A resource gone from this many scans in a row loses its worker, or sooner at long scan intervals: a node whose
+# partitioning changed runs only the workers it needs within half a minute (5 s scans: 15 s).
+ABSENT_SCANS = 3
+ABSENT_GRACE_MAX_SECONDS = 30.0
+
+
+def absent_grace(scan_interval: float) -> float:
+    return min(ABSENT_SCANS * scan_interval, ABSENT_GRACE_MAX_SECONDS)
 
 
 class Need(enum.Enum):
@@ -49,8 +55,7 @@ class State:
     absent_since: float | None = None
 
 
-def plan(state: State, has_devices: bool, now: float,
-         grace: float = ABSENT_GRACE_SECONDS) -> tuple[Order | None, State]:
+def plan(state: State, has_devices: bool, now: float, grace: float) -> tuple[Order | None, State]:
     """The order a successful scan calls for and the state once it is carried out."""
     if has_devices:
         return (None, state) if state.need is Need.STARTED else (Order.START, State(Need.STARTED))
@@ -89,7 +94,7 @@ def supervisord_orders(run_dir: pathlib.Path) -> OrderSender:
 class WorkerDemand:
     """Applies `plan` to every scan; the state belongs to the scan loop's thread."""
 
-    def __init__(self, send: OrderSender, clock: Callable[[], float], grace: float = ABSENT_GRACE_SECONDS):
+    def __init__(self, send: OrderSender, clock: Callable[[], float], grace: float):
         self._send = send
         self._clock = clock
         self._grace = grace
