@@ -35,12 +35,12 @@ from shared.supervisord.client import Supervisor, SupervisorError, SupervisorSto
 # notice a FATAL program. Reading supervisord's table costs this process and supervisord about 2 ms of CPU;
 # reading a status file again a tenth of that. So the table is read every CHECK_INTERVAL only while the
 # stack is unsettled (a program not running, the scanner not published yet, supervisord not answering),
-# and at once when a program exits (stack_watch.ProgramExits). Once every program runs, nothing but an exit
-# or a worker the scanner has started changes the table: supervisord is then only asked whether it answers,
-# every STEADY_CHECK_INTERVAL (the
-# probes' period: a supervisord that stops answering is noticed by the next probe but one). The
-# status files are judged again whenever one is replaced and when the scanner's last publication grows
-# too old for liveness (stack_watch.StatusFiles).
+# and at once when a program exits (stack_watch.ProgramExits). Once every program that must run runs,
+# nothing but an exit or a worker the scanner has started changes the table: supervisord is then only asked
+# whether it answers, every STEADY_CHECK_INTERVAL (the probes' period: a supervisord that stops answering is
+# noticed by the next probe but one), and read again when the scanner's status names a resource whose worker
+# the table does not show running. The status files are judged again whenever one is replaced and when the
+# scanner's last publication grows too old for liveness (stack_watch.StatusFiles).
 CHECK_INTERVAL = 2.0
 STEADY_CHECK_INTERVAL = 10.0
 # The status files written for one snapshot follow each other within milliseconds: one judgement for them.

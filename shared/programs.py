@@ -2,8 +2,8 @@
 record and the names of each process's log and status files (docs/interface.md#processes).
 
 supervisor.conf has a `[program:<name>]` section for each of ALL_PROGRAMS, and a test holds the two together;
-which of them run depends on RESOURCE_API (`programs_for`: the device plugin workers, or worker-dra) and, in
-device plugin mode, on the resources the node has (`expected_programs`: one worker per resource found).
+which of them run depends on RESOURCE_API (the device plugin workers, or worker-dra) and, in device plugin
+mode, on the resources the node has (`expected_programs`: one worker per resource found).
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ ALL_PROGRAMS = (SCANNER, *WORKERS, WORKER_DRA, WATCHDOG)
 # action is to do nothing: a worker not yet listening for it drops it, and such a worker has not registered
 # yet, so its first Register goes to the new kubelet anyway.
 PLUGIN_RESTART_SIGNAL = signal.SIGWINCH
-
-
-def programs_for(api: ResourceApi) -> tuple[str, ...]:
-    return DRA_PROGRAMS if api is ResourceApi.DRA else PROGRAMS
 
 
 def autostart_environment(api: ResourceApi) -> dict[str, str]:

@@ -20,7 +20,6 @@ from shared.programs import (
     WORKERS,
     autostart_environment,
     expected_programs,
-    programs_for,
 )
 from shared.resources import Resource
 
@@ -40,8 +39,7 @@ def test_supervisor_conf_has_a_program_for_each_name_and_no_other():
 
 
 def test_each_mode_runs_its_own_programs_and_never_the_other_s():
-    assert programs_for(ResourceApi.DEVICE_PLUGIN) == PROGRAMS
-    assert programs_for(ResourceApi.DRA) == DRA_PROGRAMS == (SCANNER, WORKER_DRA, WATCHDOG)
+    assert DRA_PROGRAMS == (SCANNER, WORKER_DRA, WATCHDOG)
     assert not set(WORKERS) & set(DRA_PROGRAMS)
 
 
