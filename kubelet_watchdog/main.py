@@ -12,7 +12,15 @@ from loguru import logger
 
 from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
 from kubelet_watchdog.metrics_server import MetricsEndpoint
-from kubelet_watchdog.probes import Verdict, current_status, liveness, publication_deadline, readiness
+from kubelet_watchdog.probes import (
+    Verdict,
+    all_running,
+    current_status,
+    liveness,
+    needed_programs,
+    publication_deadline,
+    readiness,
+)
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from kubelet_watchdog.stack_watch import ProgramExits, StatusFiles
@@ -20,18 +28,19 @@ from shared.cdi_specs import remove_stale_specs
 from shared.config import ResourceApi, Settings
 from shared.metrics import Recorder, metrics_dir, recorder_for
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
-from shared.programs import PLUGIN_RESTART_SIGNAL, SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
+from shared.programs import PLUGIN_RESTART_SIGNAL, SCANNER, WATCHDOG, WORKER_DRA, WORKERS
 from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
 # notice a FATAL program. Reading supervisord's table costs this process and supervisord about 2 ms of CPU;
 # reading a status file again a tenth of that. So the table is read every CHECK_INTERVAL only while the
 # stack is unsettled (a program not running, the scanner not published yet, supervisord not answering),
-# and at once when a program exits (stack_watch.ProgramExits). Once every program runs, nothing but an exit
-# changes the table: supervisord is then only asked whether it answers, every STEADY_CHECK_INTERVAL (the
-# probes' period: a supervisord that stops answering is noticed by the next probe but one). The
-# status files are judged again whenever one is replaced and when the scanner's last publication grows
-# too old for liveness (stack_watch.StatusFiles).
+# and at once when a program exits (stack_watch.ProgramExits). Once every program that must run runs,
+# nothing but an exit or a worker the scanner has started changes the table: supervisord is then only asked
+# whether it answers, every STEADY_CHECK_INTERVAL (the probes' period: a supervisord that stops answering is
+# noticed by the next probe but one), and read again when the scanner's status names a resource whose worker
+# the table does not show running. The status files are judged again whenever one is replaced and when the
+# scanner's last publication grows too old for liveness (stack_watch.StatusFiles).
 CHECK_INTERVAL = 2.0
 STEADY_CHECK_INTERVAL = 10.0
 # The status files written for one snapshot follow each other within milliseconds: one judgement for them.
@@ -142,8 +151,16 @@ class Watchdog:
             self._check()
         elif self._next_judgement is not None and now >= self._next_judgement:
             self._next_judgement = None
-            if self._programs is not None:
+            if self._programs is None:
+                return
+            if all_running(self._programs, needed_programs(self._settings.resource_api,
+                                                           self._status.read(SCANNER))):
                 self._judge(self._programs)
+            else:
+                # The scanner found a resource whose worker the table does not show running: it has just had
+                # supervisord start it, and the table is read again to say so.
+                self._steady = False
+                self._check()
 
     def _judge_at(self, when: float) -> None:
         self._next_judgement = when if self._next_judgement is None else min(self._next_judgement, when)
@@ -203,15 +220,28 @@ class Watchdog:
             except SupervisorError as exc:
                 logger.error("Shutdown request failed", err=str(exc))
             return
+        started = self._started(programs)
+        if started:
+            try:
+                self._supervisor.confirm_started(started)
+                programs = self._supervisor.programs()
+            except SupervisorError as exc:  # then they become RUNNING at startsecs, as the table says
+                logger.debug("Cannot confirm started programs", err=str(exc))
         self._programs = programs
         published = self._judge(programs)
-        expected = programs_for(self._settings.resource_api)
         # Steady only while replaced status files are seen at once: otherwise they are judged at every check.
-        settled = self._status.watching and published and all(
-            programs.get(name, {}).get("statename") == "RUNNING" for name in expected)
+        settled = self._status.watching and published and all_running(
+            programs, needed_programs(self._settings.resource_api, self._status.read(SCANNER)))
         if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
             self._steady = True
             self._next_check = now + STEADY_CHECK_INTERVAL
+
+    def _started(self, programs: dict[str, dict]) -> dict[str, int]:
+        """The STARTING programs that are up (name: pid): this watchdog, and each whose running instance has
+        written its status file (shared/supervisord/started.py)."""
+        return {name: info["pid"] for name, info in programs.items() if info.get("statename") == "STARTING"
+                and (info.get("pid") == os.getpid() if name == WATCHDOG
+                     else current_status(self._status.read(name), programs, name) is not None)}
 
     def _judge(self, programs: dict[str, dict]) -> bool:
         """Probes and metrics from the status files as `programs` (supervisord's table) says which to trust.
@@ -225,7 +255,7 @@ class Watchdog:
         ready = readiness(programs, scanner, workers)
         now = time.monotonic()
         self._report(liveness(programs, scanner, now, self._settings.device_scan_interval,
-                              programs_for(self._settings.resource_api), status_writable=writable), ready,
+                              needed_programs(self._settings.resource_api, scanner), status_writable=writable), ready,
                      StackView(current_status(scanner, programs, SCANNER),
                                {name: current_status(status, programs, name) for name, status in workers.items()},
                                ready.ok))

@@ -7,7 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shared.programs import PROGRAMS, SCANNER, WORKER_DRA
+from shared.config import ResourceApi
+from shared.programs import SCANNER, WORKER_DRA, expected_programs
 from shared.resources import Resource
 from shared.status_records import Document, DraStatus, ScannerStatus, StatusRecord, WorkerStatus, decode, decode_scanner
 
@@ -25,6 +26,17 @@ def current_status(document: Document | None, programs: Mapping[str, Mapping[str
     return record
 
 
+def needed_programs(api: ResourceApi, scanner: Document | None) -> tuple[str, ...]:
+    """The programs that must run (shared.programs.expected_programs) by the scanner's last status file, which
+    says which resources the node has (a dead scanner's too: its last word is the best there is)."""
+    scan = decode_scanner(scanner)
+    return expected_programs(api, [] if scan is None else [name for name, count in scan.resources.items() if count])
+
+
+def all_running(programs: Mapping[str, Mapping[str, Any]], names: tuple[str, ...]) -> bool:
+    return all(programs.get(name, {}).get("statename") == "RUNNING" for name in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     ok: bool
@@ -32,9 +44,9 @@ class Verdict:
 
 
 def liveness(programs: Mapping[str, Mapping[str, Any]], scanner: Document | None,
-             now_monotonic: float, scan_interval: float, expected: tuple[str, ...] = PROGRAMS,
+             now_monotonic: float, scan_interval: float, expected: tuple[str, ...],
              status_writable: bool = True) -> Verdict:
-    """`expected`: the programs of the stack's mode (shared.programs.programs_for). `status_writable` False: the
+    """`expected`: the programs that must run (`needed_programs`). `status_writable` False: the
     run dir is read-only, so no status file can be fresh and the scanner's publications are not judged (a
     read-only run dir costs observability, never the pod)."""
     for name in expected:

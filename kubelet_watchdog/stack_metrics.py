@@ -75,8 +75,19 @@ def _worker_samples(resource: Resource, worker: StatusRecord | None) -> list[Sam
     return samples
 
 
+def _shown(resource: Resource, view: StackView) -> bool:
+    """Whether a resource has series: in device plugin mode, while the node has it (by the scanner) or its worker
+    reports. A resource the node lacks has none, rather than `registered` 0: its worker is absent, not down; and
+    in DRA mode (worker-dra among the workers) no device plugin worker is ever needed."""
+    if WORKER_DRA in view.workers:
+        return False
+    scanner = view.scanner
+    found = isinstance(scanner, ScannerStatus) and bool(scanner.resources.get(resource.value))
+    return found or view.workers.get(resource.process_name) is not None
+
+
 def state_samples(view: StackView) -> list[Sample]:
-    samples = [sample for resource in Resource
+    samples = [sample for resource in Resource if _shown(resource, view)
                for sample in _worker_samples(resource, view.workers.get(resource.process_name))]
     scanner = view.scanner
     if isinstance(scanner, ScannerStatus):

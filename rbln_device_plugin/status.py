@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kubelet_watchdog.probes import current_status
+from kubelet_watchdog.probes import current_status, needed_programs
 from shared import process_status
-from shared.config import OPTIONS, Option
+from shared.config import OPTIONS, Option, ResourceApi
 from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
-from shared.programs import DRA_PROGRAMS, PROGRAMS, SCANNER, WORKER_DRA, WORKERS
+from shared.programs import ALL_PROGRAMS, SCANNER, WORKER_DRA, WORKERS
 from shared.resources import Resource
 from shared.status_records import Document, DraStatus, ScannerStatus, WorkerStatus
 from shared.supervisord.client import SupervisorError, connect
@@ -74,16 +74,21 @@ def build_report(programs: Mapping[str, Mapping[str, Any]] | None, scanner: Docu
     status file can be trusted, since nothing says whether the process that wrote it still runs.
     `holders` is None when the kubelet could not be asked which container holds which device."""
     known = programs or {}
+    # The programs supervisord has run and those that must run; a worker of a resource the node lacks is
+    # neither (absent, not down). One that must run and is not in the table shows as ABSENT.
+    needed = needed_programs(ResourceApi.DRA if WORKER_DRA in known else ResourceApi.DEVICE_PLUGIN, scanner)
     processes = {name: {"state": known.get(name, {}).get("statename", "UNKNOWN" if programs is None else "ABSENT"),
                         "pid": known.get(name, {}).get("pid") or None,
                         "description": known.get(name, {}).get("description", "")}
-                 for name in (DRA_PROGRAMS if WORKER_DRA in known else PROGRAMS)}
+                 for name in ALL_PROGRAMS if name in known or name in needed}
     current = current_status(scanner, known, SCANNER)
     scan = current if isinstance(current, ScannerStatus) else None
     resources = {}
     devices = []
     for resource in Resource:
         worker = _worker(workers, known, resource.process_name)
+        if worker is None and resource.process_name not in needed:
+            continue  # a resource the node lacks: nothing to say of it
         devices += _devices(resource, worker, holders)
         resources[resource.value] = {
             "process": resource.process_name,

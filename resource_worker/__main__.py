@@ -1,11 +1,5 @@
-from shared import loguru_asyncio
+from resource_worker.main import main
 
-# Before anything imports loguru (shared/loguru_asyncio.py): a worker whose resource has no devices never
-# needs asyncio; one that serves gets it with gRPC.
-loguru_asyncio.install()
-
-from resource_worker.main import main  # noqa: E402
-
-# The console script (pyproject.toml) names this module's `main`, so that it too comes in after install().
+# The console script (pyproject.toml) names this module's `main`, as it does the scanner's.
 if __name__ == "__main__":
     main()

@@ -59,7 +59,7 @@ class SocketWatch:
 
 @functools.cache
 def shared_watch() -> SocketWatch | None:
-    """The process's one watch, made at first use (a worker serving no devices never makes it); None if the
+    """The process's one watch, made at first use (by the first plugin instance); None if the
     process can have no inotify instance (the user's limit is reached): its instances are looked at instead.
     Plugin instances are made by the lifecycle loop's thread alone, so it is tried once."""
     try:

@@ -13,9 +13,10 @@ from scanner.discovery import Exclusion, ScanResult, scan
 from scanner.feature_file import FeatureFile
 from scanner.node_labels import NodeFacts, derive_labels
 from scanner.publisher import InventoryPublisher
+from scanner.worker_demand import WorkerDemand, absent_grace, supervisord_orders
 from shared import ipc, process_status, status_records
 from shared.cdi_specs import remove_stale_specs
-from shared.config import RUN_DIR_ENV, Settings
+from shared.config import RUN_DIR_ENV, ResourceApi, Settings
 from shared.device_health import Health, HealthHistory
 from shared.metrics import Recorder, recorder_for
 from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
@@ -95,6 +96,15 @@ def warn_if_legacy_names_asked_for(settings: Settings) -> None:
                        useGenericResourceName=False, resourceNames=[resource.value for resource in Resource])
 
 
+def worker_demand(settings: Settings) -> WorkerDemand | None:
+    """Who starts and stops the device plugin workers: this scanner, when supervisord runs it in device plugin
+    mode (in DRA mode supervisord starts worker-dra itself; run alone, the scanner has no workers)."""
+    if settings.resource_api is not ResourceApi.DEVICE_PLUGIN or "SUPERVISOR_SERVER_URL" not in os.environ:
+        return None
+    return WorkerDemand(supervisord_orders(settings.run_dir), time.monotonic,
+                        absent_grace(settings.device_scan_interval))
+
+
 def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None:
     warn_if_legacy_names_asked_for(settings)
     ensure_private_dir(settings.run_dir, RUN_DIR_ENV)
@@ -107,6 +117,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
     labeller = (NodeLabeller(FeatureFile(settings.nfd_feature_file, settings.device_scan_interval))
                 if settings.nfd_feature_file else None)
     cdi = CdiWatch(settings.cdi_spec_dirs, settings.cdi_annotation)
+    demand = worker_demand(settings)
     context = zmq.Context()
     publisher = InventoryPublisher(context, settings.run_dir)
     publisher.start()
@@ -115,6 +126,10 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             started = time.monotonic()
             result = scan(smi, settings.sysfs_root)
             metrics.scan(time.monotonic() - started)
+            if demand is not None:
+                # Before the publication: a new worker's start (its interpreter, its imports) is the longest
+                # part of its way to Register; it asks for its snapshot once it is up.
+                demand.follow({r: len(d) for r, d in result.inventories.items()}, result.error is not None)
             cdi_state = cdi.check()
             scanned_at = time.monotonic_ns()
             for resource, devices in result.inventories.items():

@@ -2,12 +2,14 @@
 record and the names of each process's log and status files (docs/interface.md#processes).
 
 supervisor.conf has a `[program:<name>]` section for each of ALL_PROGRAMS, and a test holds the two together;
-which of them run depends on RESOURCE_API (`programs_for`): the three device plugin workers, or worker-dra.
+which of them run depends on RESOURCE_API (the device plugin workers, or worker-dra) and, in device plugin
+mode, on the resources the node has (`expected_programs`: one worker per resource found).
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable
 
 from shared.config import ResourceApi
 from shared.resources import Resource
@@ -26,12 +28,17 @@ ALL_PROGRAMS = (SCANNER, *WORKERS, WORKER_DRA, WATCHDOG)
 PLUGIN_RESTART_SIGNAL = signal.SIGWINCH
 
 
-def programs_for(api: ResourceApi) -> tuple[str, ...]:
-    return DRA_PROGRAMS if api is ResourceApi.DRA else PROGRAMS
-
-
 def autostart_environment(api: ResourceApi) -> dict[str, str]:
-    """What supervisor.conf's `autostart` lines read: each mode's own programs start, the other's never do."""
-    dra = api is ResourceApi.DRA
-    return {"RBLN_DEVICE_PLUGIN_WORKERS_AUTOSTART": "false" if dra else "true",
-            "RBLN_DEVICE_PLUGIN_DRA_AUTOSTART": "true" if dra else "false"}
+    """What supervisor.conf's `autostart` line of worker-dra reads: it starts in DRA mode only. The device
+    plugin workers never start by themselves: the scanner has them started (scanner/worker_demand.py)."""
+    return {"RBLN_DEVICE_PLUGIN_DRA_AUTOSTART": "true" if api is ResourceApi.DRA else "false"}
+
+
+def expected_programs(api: ResourceApi, resources_with_devices: Iterable[str]) -> tuple[str, ...]:
+    """The programs that must run: in DRA mode all of DRA_PROGRAMS; in device plugin mode the scanner, the
+    watchdog and the worker of each resource (its name, e.g. `rebellions.ai/npu`) the scanner last found
+    devices of. A worker of a resource the node lacks is not needed: absent, not down."""
+    if api is ResourceApi.DRA:
+        return DRA_PROGRAMS
+    present = set(resources_with_devices)
+    return (SCANNER, *(r.process_name for r in Resource if r.value in present), WATCHDOG)

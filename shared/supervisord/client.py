@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 import signal
 import xmlrpc.client
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from xml.parsers.expat import ExpatError
 
@@ -103,6 +103,13 @@ class Supervisor:
         calls = [{"methodName": "supervisor.signalProcess", "params": [name, signum.name]} for name in targets]
         self._call(f"sending {signum.name} to {', '.join(targets)}",
                    lambda: _checked(self._proxy.system.multicall(calls), tolerated=_GONE))
+
+    def confirm_started(self, started: Mapping[str, int]) -> None:
+        """Tell supervisord that each program of `started` (name: pid) is up (shared/supervisord/started.py), in
+        one request; a program that is no longer STARTING with that pid is left as it is."""
+        calls = [{"methodName": "started.confirm", "params": [name, pid]} for name, pid in started.items()]
+        self._call(f"confirming {', '.join(started)} started",
+                   lambda: _checked(self._proxy.system.multicall(calls), tolerated=frozenset()))
 
     def shutdown(self) -> None:
         self._call("requesting shutdown", self._proxy.supervisor.shutdown)

@@ -34,8 +34,11 @@ CALL_TIMEOUT = 5.0
 MAX_REPLY_BYTES = 1024 * 1024
 _MAX_CREDENTIALS_BYTES = 4096
 _SECTION = "unix_http_server"
-# supervisor.xmlrpc.Faults.SHUTDOWN_STATE: supervisord's answer to any request while it stops every program.
+# supervisor.xmlrpc.Faults: SHUTDOWN_STATE is supervisord's answer to any request while it stops every program;
+# ALREADY_STARTED and NOT_RUNNING answer an order that finds its program already as it was asked to be.
 SHUTDOWN_STATE_FAULT = 6
+ALREADY_STARTED_FAULT = 60
+NOT_RUNNING_FAULT = 70
 # Written out rather than built by xmlrpc.client, whose imports would cost every process some 20 ms.
 _GET_STATE = b"<?xml version='1.0'?><methodCall><methodName>supervisor.getState</methodName></methodCall>"
 
@@ -151,6 +154,17 @@ def fault_code(response: bytes) -> int | None:
         return None if code is None else int(code)
     except (ElementTree.ParseError, ValueError):
         return None
+
+
+def program_order(method: str, program: str) -> bytes:
+    """The XML-RPC request `supervisor.<method>(program, wait=False)` (startProcess, stopProcess): written out,
+    as _GET_STATE is, for the scanner, which orders its workers started and stopped. Program names are the
+    stack's own (shared.programs), which need no escaping."""
+    if not program.replace("-", "").isalnum() or not method.isalpha():
+        raise ValueError(f"not a program order: {method}({program!r})")
+    return (b"<?xml version='1.0'?><methodCall><methodName>supervisor.%s</methodName><params>"
+            b"<param><value><string>%s</string></value></param><param><value><boolean>0</boolean></value></param>"
+            b"</params></methodCall>" % (method.encode(), program.encode()))
 
 
 def stopping_supervisord(run_dir: pathlib.Path, timeout: float) -> int | None:

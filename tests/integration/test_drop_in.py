@@ -10,11 +10,14 @@ import subprocess
 import sys
 
 from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
-from shared.programs import PROGRAMS
+from shared.config import ResourceApi
+from shared.programs import expected_programs
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT, StackProcess
 
 NPU = Resource.NPU.value
+# Every node here has whole NPUs only: the scanner, worker-npu and the watchdog run.
+PROGRAMS = expected_programs(ResourceApi.DEVICE_PLUGIN, [NPU])
 START = "Starting rbln-device-plugin"
 LEGACY_NAMES = "Legacy resource names are not supported; advertising the generic names"
 

@@ -12,8 +12,9 @@ import sys
 import grpc
 import pytest
 
+from shared.config import ResourceApi
 from shared.metrics import DRA_ONLY_FAMILIES, FAMILIES, metrics_dir
-from shared.programs import PROGRAMS
+from shared.programs import expected_programs
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT
 from tests.support.metrics_scrape import families, metrics_port, parse, scrape_text, series, value, wait_for_scrape
@@ -49,7 +50,8 @@ def test_every_family_from_every_process_and_a_killed_worker_counts_once(make_no
     # In device plugin mode: every family but worker-dra's own.
     assert families(text) == {family.name for family in FAMILIES} - {family.name for family in DRA_ONLY_FAMILIES}
     samples = parse(text)
-    assert value(samples, "rbln_device_plugin_registered", resource=VF1) == 0  # no device: never registered
+    # No device of npu-vf1: its worker never ran, and the resource has no series (absent, not down).
+    assert not series(samples, "rbln_device_plugin_registered", resource=VF1)
     assert value(samples, "rbln_device_plugin_devices", resource=NPU, health="Healthy") == 2
     assert value(samples, "rbln_device_plugin_devices", resource=VF4, health="Healthy") == 4
     assert value(samples, "rbln_device_plugin_allocations_total", resource=NPU, result="success") == 1
@@ -117,8 +119,9 @@ def test_metrics_off_listen_nowhere_and_write_nothing(make_node, kubelet, start_
     kubelet.allocate(NPU, [["rbln0"]])
     stack.wait_for_record("Completed container allocation")
     # Every program started (the watchdog last), so that what it would listen on or write is there to see.
-    started = stack.wait_for_record("Starting rbln-device-plugin", count=len(PROGRAMS))
-    assert {r["process"] for r in started} == set(PROGRAMS) and all(r["metricsPort"] == -1 for r in started)
+    running = expected_programs(ResourceApi.DEVICE_PLUGIN, [NPU])
+    started = stack.wait_for_record("Starting rbln-device-plugin", count=len(running))
+    assert {r["process"] for r in started} == set(running) and all(r["metricsPort"] == -1 for r in started)
     assert not stack.find("Metrics endpoint listening")
     assert not metrics_dir(node.run_dir).exists()
     assert listening_ports(program_info(node)["watchdog"]["pid"]) == set()
@@ -156,7 +159,8 @@ def test_status_names_the_pod_holding_each_device_and_unknown_without_the_kubele
     assert text.returncode == 0
     rows = {line.split()[0]: line.split()[1:] for line in text.stdout.splitlines() if line.strip()}
     assert rows["rbln2-1"][-1] == "unknown"
-    assert all(rows[program][1].isdigit() for program in PROGRAMS), "each process still shown with its pid"
+    assert all(rows[program][1].isdigit() for program in expected_programs(ResourceApi.DEVICE_PLUGIN, [NPU, VF4])), \
+        "each process still shown with its pid"
     assert "held by: unknown; the kubelet's PodResources API cannot be asked: no socket at" in text.stdout
     # An explicit flag wins over the environment.
     flagged = json.loads(status(node, "--json", "--kubelet-pod-resources-socket", str(node.root / "elsewhere.sock"))

@@ -16,12 +16,15 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from rbln_device_plugin import logs as logs_command
 from shared import tracing
-from shared.programs import PROGRAMS
+from shared.config import ResourceApi
+from shared.programs import expected_programs
 from shared.resources import Resource
 from shared.version import VERSION
 from tests.support.certificates import self_signed
 
 NPU = Resource.NPU.value
+# The lifecycle's node has whole NPUs only: the scanner, worker-npu and the watchdog run.
+PROGRAMS = expected_programs(ResourceApi.DEVICE_PLUGIN, [NPU])
 TRACING_MESSAGES = ("Distributed tracing enabled", "Distributed tracing disabled; no OTLP endpoint configured",
                     "Tracing setup failed; continuing without distributed tracing", "OpenTelemetry SDK error")
 

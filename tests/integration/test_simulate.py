@@ -20,4 +20,10 @@ def test_simulate_shows_the_kubelets_view_and_the_node_labels_and_exits_cleanly(
         "rebellions.ai/driver-version.major=1", "rebellions.ai/driver-version.minor=3",
         "rebellions.ai/driver-version.patch=73", "rebellions.ai/npu-vf1.count=0", "rebellions.ai/npu-vf4.count=4",
         "rebellions.ai/npu.healthy=5"]
+    # The node's processes alone (it has no npu-vf1); the workers serve and have said they are up: RUNNING, not
+    # STARTING until supervisord's startsecs has passed.
+    table = out.split("  PROCESS ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    states = {row.split()[0]: row.split()[1] for row in table}
+    assert set(states) == {"scanner", "worker-npu", "worker-npu-vf4", "watchdog"}
+    assert states["worker-npu"] == states["worker-npu-vf4"] == "RUNNING"
     assert "Stack stopped (exit status 0)." in out

@@ -5,9 +5,9 @@ import grpc
 import pytest
 
 from shared import process_status
-from shared.programs import WORKERS
 from shared.resources import Resource
 from tests.support.contract import HEALTHY, all_healthy, assert_contract_response
+from tests.support.supervision import program_info
 from tests.support.waiting import wait_until
 
 NPU, VF1, VF4 = (r.value for r in Resource)
@@ -28,9 +28,9 @@ def test_pf_only_node_registers_npu_only(make_node, kubelet, start_stack):
     assert request.version == "v1beta1" and request.options == view.options
     assert request.endpoint.startswith("rbln-device-plugin-rebellions-ai-npu-") and request.endpoint.endswith(".sock")
     stack.wait_for_record("Device exposed", device="rbln2", health=HEALTHY, status="READY")
-    # Only the served resource's worker loads gRPC: the others stay small while the node lacks their devices.
-    assert {process: "cygrpc" in loaded_libraries(node, process) for process in WORKERS} == {
-        "worker-npu": True, "worker-npu-vf1": False, "worker-npu-vf4": False}
+    # Only the served resource's worker runs: the node lacks the others' devices.
+    assert "cygrpc" in loaded_libraries(node, "worker-npu")
+    assert set(program_info(node)) == {"scanner", "worker-npu", "watchdog"}
 
 
 
@@ -166,14 +166,14 @@ def test_every_stdout_line_is_a_json_record_with_the_contract_keys(make_node, ku
     kubelet.allocate(NPU, [["rbln0"]])
     # The watchdog starts last and serves nothing the kubelet waits for: on a busy machine it may not
     # have logged its start yet, and a stop before that would end it unstarted.
-    stack.wait_for_record("Starting rbln-device-plugin", count=5)
+    stack.wait_for_record("Starting rbln-device-plugin", count=4)  # scanner, worker-npu and -vf4, watchdog
     stack.stop()
     assert stack.raw_lines and len(stack.records) == len(stack.raw_lines)
     for record in stack.records:
         assert list(record)[:4] == ["ts", "level", "msg", "process"]
         assert record["ts"].endswith("Z") and record["level"] in ("error", "warn", "info", "debug")
     starts = {r["process"] for r in stack.find("Starting rbln-device-plugin")}
-    assert starts == {"scanner", "watchdog", "worker-npu", "worker-npu-vf1", "worker-npu-vf4"}
+    assert starts == {"scanner", "watchdog", "worker-npu", "worker-npu-vf4"}  # the node has no npu-vf1
     assert all("version" in r and "kubeletDevicePluginPath" in r for r in stack.find("Starting rbln-device-plugin"))
     shutdowns = {r["process"] for r in stack.find("Shutdown")}
     assert shutdowns == starts

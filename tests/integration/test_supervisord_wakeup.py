@@ -9,7 +9,6 @@ spawn or the reap comes with no poll that timed out before it."""
 
 from __future__ import annotations
 
-import configparser
 import os
 import pathlib
 import signal
@@ -19,8 +18,8 @@ import textwrap
 
 import pytest
 
-from shared.supervisord import transport
 from shared.supervisord.client import server_proxy
+from tests.support.supervisord_conf import base_conf, hook_section
 from tests.support.waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -43,14 +42,6 @@ while True:
 STOPWAITSECS = 2
 
 
-def _wakeup_section() -> str:
-    """supervisor.conf's own [rpcinterface:wakeup] section, as it is there."""
-    conf = configparser.RawConfigParser()
-    conf.read(ROOT / "supervisor.conf")
-    factory = conf["rpcinterface:wakeup"]["supervisor.rpcinterface_factory"]
-    return f"[rpcinterface:wakeup]\nsupervisor.rpcinterface_factory={factory}\n"
-
-
 class ProbedSupervisord:
     """supervisord running SILENT_PROGRAM, its loop's events read from the probe's records."""
 
@@ -60,27 +51,8 @@ class ProbedSupervisord:
         self.closed = run_dir / "streams-closed"
         self.log = run_dir / "supervisord.log"
         (run_dir / "silent.py").write_text(SILENT_PROGRAM)
-        transport.write_credentials(run_dir)
         conf = run_dir / "supervisord.conf"
-        conf.write_text(textwrap.dedent(f"""\
-            [supervisord]
-            nodaemon=true
-            logfile={self.log}
-            loglevel=info
-            pidfile={run_dir}/supervisord.pid
-            childlogdir={run_dir}
-
-            [unix_http_server]
-            file={transport.socket_path(run_dir)}
-            chmod=0600
-
-            [include]
-            files={run_dir / transport.CREDENTIALS_FILE}
-
-            [rpcinterface:supervisor]
-            supervisor.rpcinterface_factory=supervisor.rpcinterface:make_main_rpcinterface
-
-            """) + _wakeup_section() + textwrap.dedent(f"""
+        conf.write_text(base_conf(run_dir, self.log) + hook_section("wakeup") + textwrap.dedent(f"""
             [program:silent]
             command={sys.executable} {run_dir}/silent.py {self.closed} {temper}
             priority=1

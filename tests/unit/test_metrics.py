@@ -263,7 +263,7 @@ def test_the_recording_processes_never_import_prometheus_client(tmp_path):
     script = f"""
 import os, pathlib, sys
 from shared.metrics import Result, recorder_for
-import resource_worker.main, resource_worker.serving, scanner.main, dra_worker.main
+import resource_worker.main, scanner.main, dra_worker.main
 run_dir = pathlib.Path({str(tmp_path)!r})
 off = recorder_for(-1, run_dir)
 off.load(); off.scan(0.1); off.allocations("rebellions.ai/npu", Result.SUCCESS, [0.1]); off.kubelet_restart()

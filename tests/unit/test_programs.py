@@ -19,7 +19,7 @@ from shared.programs import (
     WORKER_DRA,
     WORKERS,
     autostart_environment,
-    programs_for,
+    expected_programs,
 )
 from shared.resources import Resource
 
@@ -39,13 +39,13 @@ def test_supervisor_conf_has_a_program_for_each_name_and_no_other():
 
 
 def test_each_mode_runs_its_own_programs_and_never_the_other_s():
-    assert programs_for(ResourceApi.DEVICE_PLUGIN) == PROGRAMS
-    assert programs_for(ResourceApi.DRA) == DRA_PROGRAMS == (SCANNER, WORKER_DRA, WATCHDOG)
+    assert DRA_PROGRAMS == (SCANNER, WORKER_DRA, WATCHDOG)
     assert not set(WORKERS) & set(DRA_PROGRAMS)
 
 
-def test_autostart_follows_the_mode():
-    """supervisor.conf starts the device plugin workers or worker-dra, by the variables `run` sets."""
+def test_autostart_follows_the_mode_and_no_worker_starts_by_itself():
+    """supervisor.conf starts worker-dra in DRA mode only, by the variable `run` sets; supervisord starts no device
+    plugin worker by itself: the scanner has it start those the node needs."""
     conf = configparser.ConfigParser(interpolation=None)
     conf.read(ROOT / "supervisor.conf")
     for api in ResourceApi:
@@ -53,7 +53,15 @@ def test_autostart_follows_the_mode():
         started = [name for name in ALL_PROGRAMS
                    if conf[f"program:{name}"].get("autostart", "true").replace("%(ENV_", "").replace(")s", "")
                    in ("true", *(key for key, value in environ.items() if value == "true"))]
-        assert started == list(programs_for(api)), api
+        assert started == [SCANNER, *([WORKER_DRA] if api is ResourceApi.DRA else []), WATCHDOG], api
+
+
+def test_the_programs_that_must_run_are_those_of_the_resources_the_node_has():
+    assert expected_programs(ResourceApi.DEVICE_PLUGIN, []) == (SCANNER, WATCHDOG)
+    assert expected_programs(ResourceApi.DEVICE_PLUGIN, ["rebellions.ai/npu-vf4"]) \
+        == (SCANNER, "worker-npu-vf4", WATCHDOG)
+    assert expected_programs(ResourceApi.DEVICE_PLUGIN, [r.value for r in Resource]) == PROGRAMS
+    assert expected_programs(ResourceApi.DRA, ["rebellions.ai/npu"]) == DRA_PROGRAMS
 
 
 def test_the_names_are_the_process_names_of_the_logs():

@@ -54,8 +54,9 @@ def test_devices_statuses_and_registrations_of_the_running_workers():
     assert value(samples, "rbln_device_plugin_device_status", resource=NPU, device="rbln2", status="UNKNOWN") == 1
     statuses = [labels for (name, labels) in samples if name == "rbln_device_plugin_device_status"]
     assert len(statuses) == 3, "one series per device, for its current status only"
-    assert {r: value(samples, "rbln_device_plugin_registered", resource=r) for r in (NPU, VF1, VF4)} == \
-        {NPU: 1, VF1: 0, VF4: 0}
+    assert {r: value(samples, "rbln_device_plugin_registered", resource=r) for r in (NPU, VF1)} == {NPU: 1, VF1: 0}
+    # npu-vf4: the node has none and no worker reports: absent, not down.
+    assert not [key for key in samples if ("resource", VF4) in key[1]]
     assert value(samples, "rbln_device_plugin_list_and_watch_streams", resource=NPU) == 1
     assert value(samples, "rbln_device_plugin_discovery_failing") == 0
     assert value(samples, "rbln_device_plugin_last_scan_timestamp_seconds") == 1.8e9
@@ -67,7 +68,8 @@ def test_a_killed_workers_file_is_not_trusted_and_its_successor_counts_once():
     programs = running()
     killed = worker_status(programs, "worker-npu", devices=devices(rbln0="READY"))
     programs["worker-npu"]["pid"] = 999  # supervisord started a new instance; the file is still the old one's
-    samples = state_samples(view_of(programs, None, {"worker-npu": killed}, ready=False))
+    scanner = scanner_status(programs, npu=1)
+    samples = state_samples(view_of(programs, scanner, {"worker-npu": killed}, ready=False))
     assert [(f.name, labels, v) for f, labels, v in samples if labels.get("resource") == NPU] == [
         ("rbln_device_plugin_registered", {"resource": NPU}, 0.0),
         ("rbln_device_plugin_list_and_watch_streams", {"resource": NPU}, 0.0)]

@@ -48,6 +48,18 @@ def _child() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
 
 
+def _serving_worker(run_dir) -> subprocess.Popen:
+    """A stand-in of worker-npu that has registered (its status file, stamped with its pid), and the scanner's
+    status saying the node has npu: a worker that must run."""
+    _publish(run_dir, **{"rebellions.ai/npu": 1})
+    code = ("import pathlib, sys; from shared import process_status; "
+            f"process_status.write_status(pathlib.Path({str(run_dir)!r}), 'worker-npu', "
+            "{'registered': True, 'streams': 1}); print(flush=True); sys.stdin.read()")
+    worker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert worker.stdout is not None and worker.stdout.readline() == b"\n"
+    return worker
+
+
 def test_an_exited_program_makes_its_pidfd_readable_and_a_gone_one_is_noticed_at_once():
     exits = ProgramExits()
     child, other = _child(), _child()
@@ -85,6 +97,12 @@ class CountingSupervisor:
         with self.lock:
             self.asked += 1
             return {name: dict(info) for name, info in self.table.items()}
+
+    def confirm_started(self, started):
+        with self.lock:
+            for name, pid in started.items():
+                if self.table[name]["statename"] == "STARTING" and self.table[name]["pid"] == pid:
+                    self.table[name]["statename"] = "RUNNING"
 
 
 class RecordingHealth(HealthEndpoint):
@@ -145,8 +163,7 @@ def test_a_settled_stack_is_judged_on_its_status_files_without_asking_supervisor
 
 
 def test_an_exiting_program_has_supervisord_asked_at_once(short_tmp, monkeypatch, steady_for_an_hour):
-    _publish(short_tmp)
-    worker = _child()
+    worker = _serving_worker(short_tmp)
     table = _table(worker_npu=worker.pid)
     supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, table)
     try:
@@ -156,9 +173,10 @@ def test_an_exiting_program_has_supervisord_asked_at_once(short_tmp, monkeypatch
             supervisor.table["worker-npu"] = {"statename": "BACKOFF", "pid": 0, "start": 1000, "now": 1002}
         worker.kill()
         worker.wait()
-        wait_until(lambda: health.states[-1] == (False, True), TIMEOUT, "not live once worker-npu is gone")
+        wait_until(lambda: health.states[-1] == (False, False), TIMEOUT, "not live once worker-npu is gone")
         with supervisor.lock:
             supervisor.table["worker-npu"] = {"statename": "RUNNING", "pid": os.getpid(), "start": 1002, "now": 1005}
+        process_status.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
         # Unsettled: asked every CHECK_INTERVAL again until every program runs.
         wait_until(lambda: health.states[-1] == (True, True), TIMEOUT, "live again")
     finally:
@@ -185,8 +203,7 @@ def test_a_scanner_that_stops_publishing_ends_liveness_with_no_other_event(short
 
 def test_a_steady_stack_has_supervisord_asked_only_whether_it_answers(short_tmp, monkeypatch):
     monkeypatch.setattr(watchdog_main, "STEADY_CHECK_INTERVAL", 0.1)
-    _publish(short_tmp)
-    worker = _child()
+    worker = _serving_worker(short_tmp)
     supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, _table(worker_npu=worker.pid))
     try:
         wait_until(lambda: supervisor.pinged >= 3, TIMEOUT, "three steady checks")
@@ -195,7 +212,7 @@ def test_a_steady_stack_has_supervisord_asked_only_whether_it_answers(short_tmp,
             supervisor.table["worker-npu"] = {"statename": "BACKOFF", "pid": 0, "start": 1000, "now": 1002}
         worker.kill()
         worker.wait()
-        wait_until(lambda: health.states[-1] == (False, True), TIMEOUT, "the table read again at the exit")
+        wait_until(lambda: health.states[-1] == (False, False), TIMEOUT, "the table read again at the exit")
         assert supervisor.asked >= 2
     finally:
         shutdown.request()
@@ -229,3 +246,23 @@ def test_without_an_inotify_instance_the_watchdog_polls_instead_of_dying(short_t
         shutdown.request()
         thread.join(TIMEOUT)
     assert not thread.is_alive()
+
+
+def test_a_starting_program_that_wrote_its_status_is_confirmed_started(short_tmp, monkeypatch, steady_for_an_hour):
+    """supervisord would call it RUNNING only once startsecs has passed; its status file says it is up."""
+    worker = _serving_worker(short_tmp)
+    table = _table(worker_npu=worker.pid)
+    for name in ("worker-npu", "watchdog", "worker-npu-vf1"):
+        table[name]["statename"] = "STARTING"
+    supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, table)
+    try:
+        wait_until(lambda: health.states[-1:] == [(True, True)], TIMEOUT, "live and ready")
+        with supervisor.lock:
+            states = {name: info["statename"] for name, info in supervisor.table.items()}
+        # worker-npu-vf1 wrote no status file: it is left to startsecs.
+        assert states == {**dict.fromkeys(PROGRAMS, "RUNNING"), "worker-npu-vf1": "STARTING"}
+    finally:
+        shutdown.request()
+        thread.join(TIMEOUT)
+        worker.kill()
+        worker.wait()

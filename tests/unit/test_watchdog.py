@@ -11,11 +11,11 @@ import pytest
 from supervisor.xmlrpc import Faults
 
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
-from kubelet_watchdog.probes import liveness, readiness
+from kubelet_watchdog.probes import liveness, needed_programs, readiness
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from rbln_device_plugin.status import build_report, render_text
-from shared.config import Settings
+from shared.config import ResourceApi, Settings
 from shared.metrics import Recorder
 from shared.pod_resources import Holder
 from shared.programs import PLUGIN_RESTART_SIGNAL, PROGRAMS, WORKERS
@@ -28,28 +28,42 @@ from tests.support.status_samples import running, scanner_status, worker_status
 
 def test_live_when_every_program_runs_and_the_scanner_publishes():
     programs = running()
-    assert liveness(programs, scanner_status(programs), now_monotonic=55.0, scan_interval=5).ok
+    assert liveness(programs, scanner_status(programs), now_monotonic=55.0, scan_interval=5, expected=PROGRAMS).ok
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_not_live_when_any_program_is_not_running(program):
     programs = running(**{program.replace("-", "_"): "BACKOFF"})
-    verdict = liveness(programs, scanner_status(programs), now_monotonic=55.0, scan_interval=5)
+    verdict = liveness(programs, scanner_status(programs), now_monotonic=55.0, scan_interval=5, expected=PROGRAMS)
     assert not verdict.ok and program in verdict.reason
+
+
+def test_a_worker_the_node_never_needed_is_absent_not_down():
+    programs = running()
+    for name in ("worker-npu-vf1", "worker-npu-vf4"):
+        del programs[name]  # never started: supervisord's table leaves them out
+    scanner = scanner_status(programs, npu=8)
+    needed = needed_programs(ResourceApi.DEVICE_PLUGIN, scanner)
+    assert needed == ("scanner", "worker-npu", "watchdog")
+    assert liveness(programs, scanner, now_monotonic=55.0, scan_interval=5, expected=needed).ok
+    del programs["worker-npu"]
+    verdict = liveness(programs, scanner, now_monotonic=55.0, scan_interval=5, expected=needed)
+    assert not verdict.ok and "worker-npu is ABSENT" in verdict.reason, "one that must run and does not"
 
 
 def test_not_live_when_the_scanner_is_stuck():
     programs = running()
-    verdict = liveness(programs, scanner_status(programs, monotonic=10.0), now_monotonic=26.0, scan_interval=5)
+    verdict = liveness(programs, scanner_status(programs, monotonic=10.0), now_monotonic=26.0, scan_interval=5,
+                       expected=PROGRAMS)
     assert not verdict.ok and "old" in verdict.reason
 
 
 def test_a_read_only_run_dir_leaves_the_scanner_unjudged_but_not_the_programs(short_tmp, monkeypatch):
     programs = running()
     stale = scanner_status(programs, monotonic=10.0)
-    assert liveness(programs, stale, now_monotonic=26.0, scan_interval=5, status_writable=False).ok
+    assert liveness(programs, stale, 26.0, 5, PROGRAMS, status_writable=False).ok
     stopped = running(scanner="BACKOFF")
-    assert not liveness(stopped, stale, now_monotonic=26.0, scan_interval=5, status_writable=False).ok
+    assert not liveness(stopped, stale, 26.0, 5, PROGRAMS, status_writable=False).ok
 
     monkeypatch.setenv("KUBELET_DEVICE_PLUGIN_PATH", str(short_tmp))
     monkeypatch.setenv("RBLN_DEVICE_PLUGIN_RUN_DIR", str(short_tmp))
@@ -73,9 +87,9 @@ def test_a_read_only_run_dir_leaves_the_scanner_unjudged_but_not_the_programs(sh
 
 def test_a_just_started_scanner_gets_three_intervals_of_grace():
     programs = running()
-    assert liveness(programs, None, now_monotonic=0, scan_interval=5).ok
+    assert liveness(programs, None, now_monotonic=0, scan_interval=5, expected=PROGRAMS).ok
     programs["scanner"]["now"] = programs["scanner"]["start"] + 16
-    assert not liveness(programs, None, now_monotonic=0, scan_interval=5).ok
+    assert not liveness(programs, None, now_monotonic=0, scan_interval=5, expected=PROGRAMS).ok
 
 
 def test_ready_only_when_every_resource_with_devices_is_registered_and_streaming():
