@@ -22,7 +22,8 @@ from tests.support.waiting import wait_until
 MODE = "device-plugin"
 MODE_VALUES: tuple[str, ...] = ()  # the chart's default
 NPU, VF4 = "rebellions.ai/npu", "rebellions.ai/npu-vf4"
-PROGRAMS = {"scanner", "watchdog", "worker-npu", "worker-npu-vf1", "worker-npu-vf4"}
+# The node has whole NPUs and npu-vf4 VFs: supervisord runs their workers, never worker-npu-vf1.
+PROGRAMS = {"scanner", "watchdog", "worker-npu", "worker-npu-vf4"}
 # Two NPUs: two one-NPU pods fit, a third does not.
 FITTING_PODS = ("npu-a", "npu-b")
 
@@ -37,6 +38,7 @@ def test_the_daemonset_pod_is_ready_through_the_kubelets_probes_with_supervisord
     assert argv[1:4] == ["-m", "supervisor.supervisord", "-n"]
     programs = json.loads(release.exec(pod["metadata"]["name"], "rbln-device-plugin", "status", "--json"))
     assert set(programs["processes"]) == PROGRAMS
+    assert {name: p["state"] for name, p in programs["processes"].items()} == dict.fromkeys(PROGRAMS, "RUNNING")
 
 
 def test_allocatable_per_resource(release, session):
