@@ -1,8 +1,12 @@
-"""Status files: replaced whole, and written without new space once a process has its spare."""
+"""Status files: replaced whole (a reader racing the writer sees whole records only), and written without new
+space once a process has its spare."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 from shared import process_status
 
@@ -29,10 +33,43 @@ def test_with_no_new_space_a_status_of_the_same_size_class_is_still_written(tmp_
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    monkeypatch.setattr(process_status.tempfile, "NamedTemporaryFile", no_space)
+    monkeypatch.setattr(process_status, "write_atomically", no_space)
     for n in range(2, 6):
         process_status.write_status(tmp_path, "watchdog", {"n": n})
         assert process_status.read_status(tmp_path, "watchdog")["n"] == n
     # One that outgrows the spare needs space: the last status stays, whole.
     process_status.write_status(tmp_path, "watchdog", {"n": 6, "devices": ["x" * 100] * 100})
     assert process_status.read_status(tmp_path, "watchdog")["n"] == 5
+
+
+# A writer process publishing records whose fill tells its number, of sizes that move the padding about.
+_WRITER = textwrap.dedent("""
+    import pathlib, sys
+    from shared import process_status
+    run_dir, writes = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+    for n in range(writes):
+        process_status.write_status(run_dir, "worker-npu", {"n": n, "fill": chr(97 + n % 26) * (500 + n % 7 * 9000)})
+""")
+
+
+def _whole(record):
+    n = record["n"]
+    return record["fill"] == chr(97 + n % 26) * (500 + n % 7 * 9000)
+
+
+def test_a_reader_racing_the_writer_sees_whole_records_only(tmp_path):
+    process_status.write_status(tmp_path, "worker-npu", {"n": -1, "fill": "z" * 500})
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), "4000"])
+    reads, last = 0, -1
+    try:
+        while writer.poll() is None:
+            record = process_status.read_status(tmp_path, "worker-npu")
+            assert record is not None, "a status file that exists read as no status"
+            assert record["n"] == -1 or _whole(record), f"a torn record (number {record['n']})"
+            assert record["n"] >= last, "an older record after a newer one"
+            reads, last = reads + 1, record["n"]
+        assert writer.wait(timeout=60) == 0
+    finally:
+        writer.kill()
+        writer.wait()
+    assert reads > 100 and process_status.read_status(tmp_path, "worker-npu")["n"] == 3999
