@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import pathlib
 
-from inotify_simple import INotify, flags
 from loguru import logger
 
+from shared import inotify
+from shared.inotify import flags
 from shared.plugin_socket import socket_identity
 
 KUBELET_SOCKET = "kubelet.sock"
@@ -29,9 +30,9 @@ class KubeletSocketWatcher:
     def __init__(self, plugin_dir: pathlib.Path):
         self._dir = plugin_dir
         self._socket = plugin_dir / KUBELET_SOCKET
-        self._inotify: INotify | None = None
+        self._inotify: inotify.Inotify | None = None
         try:
-            self._inotify = INotify()
+            self._inotify = inotify.Inotify()
         except OSError as exc:
             logger.warning("Cannot watch the kubelet's socket directory; looking at kubelet.sock at every check",
                            path=str(plugin_dir), err=str(exc))
@@ -41,10 +42,8 @@ class KubeletSocketWatcher:
 
     def _ensure_watch(self) -> None:
         if self._watch is None and self._inotify is not None:
-            try:
-                self._watch = self._inotify.add_watch(self._dir, _WATCHED)
-            except OSError:
-                self._watch = None  # the directory does not exist yet; the identity check covers it
+            # None while the directory does not exist yet; the identity check covers it.
+            self._watch = self._inotify.watch(self._dir, _WATCHED)
 
     def fileno(self) -> int | None:
         return self._inotify.fileno() if self._inotify is not None else None
@@ -52,7 +51,7 @@ class KubeletSocketWatcher:
     def recreated(self) -> bool:
         """True when a kubelet.sock was created since the last call and one exists now. Never blocks."""
         created = False
-        for event in self._inotify.read(timeout=0) if self._inotify is not None else ():
+        for event in self._inotify.pending() if self._inotify is not None else ():
             if event.mask & _WATCH_GONE:
                 self._watch = None  # the directory went away; watch the new one once it exists
             elif event.mask & _CREATED and event.name == KUBELET_SOCKET:

@@ -14,15 +14,17 @@ import pathlib
 import threading
 from collections.abc import Callable
 
-from inotify_simple import INotify, flags
 from loguru import logger
+
+from shared import inotify
+from shared.inotify import flags
 
 _WATCHED = flags.ATTRIB | flags.DELETE_SELF | flags.MOVE_SELF
 
 
 class SocketWatch:
     def __init__(self) -> None:
-        self._inotify = INotify()
+        self._inotify = inotify.Inotify()
         # Guards `_listeners` (watch descriptor -> listener), changed by the lifecycle loop, read by the thread.
         self._lock = threading.Lock()
         self._listeners: dict[int, Callable[[], None]] = {}
@@ -31,9 +33,8 @@ class SocketWatch:
     def watch(self, path: pathlib.Path, listener: Callable[[], None]) -> int | None:
         """Call `listener` (from the watch's thread) whenever `path` may have gone; the watch's descriptor, or
         None when it cannot be watched (gone already, or the user's inotify watches used up)."""
-        try:
-            descriptor = self._inotify.add_watch(path, _WATCHED)
-        except OSError:
+        descriptor = self._inotify.watch(path, _WATCHED)
+        if descriptor is None:
             return None
         with self._lock:
             self._listeners[descriptor] = listener
@@ -42,14 +43,11 @@ class SocketWatch:
     def unwatch(self, descriptor: int) -> None:
         with self._lock:
             self._listeners.pop(descriptor, None)
-        try:
-            self._inotify.rm_watch(descriptor)
-        except OSError:
-            pass  # the kernel dropped it already: the file was deleted
+        self._inotify.unwatch(descriptor)
 
     def _run(self) -> None:
         while True:
-            events = self._inotify.read()
+            events = self._inotify.wait()
             with self._lock:
                 listeners = {self._listeners.get(event.wd) for event in events}
             for listener in listeners:

@@ -89,6 +89,22 @@ def test_the_check_finds_hidden_sideways_upward_and_relative_imports(tmp_path):
     ]
 
 
+# A dependency the product reaches through one module of its own only: the module that knows its ways.
+DOORS = {"inotify_simple": "shared/inotify.py"}
+
+
+def test_a_dependency_with_a_door_is_imported_through_it_alone():
+    found = []
+    for package in _layer_of(LAYERS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT)
+            for line, module, statement in imports(path, relative.parent.parts):
+                door = DOORS.get(module.split(".")[0])
+                if door is not None and str(relative) != door:
+                    found.append(f"{relative}:{line}: `{statement}`: through {door} only")
+    assert found == []
+
+
 MAX_MODULE_LINES = 500
 MAX_MODULE_BYTES = 18 * 1024
 

@@ -12,6 +12,7 @@ from loguru import logger
 
 from resource_worker import socket_watch
 from resource_worker.socket_watch import SocketWatch
+from shared import inotify
 
 WAIT = 10.0
 
@@ -71,7 +72,7 @@ def test_without_an_inotify_instance_the_process_has_no_watch_and_says_so_once(m
 
     records: list[tuple[str, str]] = []
     sink = logger.add(lambda m: records.append((m.record["level"].name, m.record["message"])), level="DEBUG")
-    monkeypatch.setattr(socket_watch, "INotify", used_up)
+    monkeypatch.setattr(inotify, "INotify", used_up)
     socket_watch.shared_watch.cache_clear()
     try:
         assert socket_watch.shared_watch() is None and socket_watch.shared_watch() is None

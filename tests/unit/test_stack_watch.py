@@ -207,10 +207,9 @@ def test_without_an_inotify_instance_the_watchdog_polls_instead_of_dying(short_t
     def refused():
         raise OSError(24, "Too many open files")
 
-    from kubelet_watchdog import socket_watch, stack_watch
+    from shared import inotify
 
-    monkeypatch.setattr(stack_watch, "INotify", refused)
-    monkeypatch.setattr(socket_watch, "INotify", refused)
+    monkeypatch.setattr(inotify, "INotify", refused)
     monkeypatch.setattr(watchdog_main, "CHECK_INTERVAL", 0.2)
     restarts = []
     monkeypatch.setattr(Watchdog, "_restart_workers", lambda self: restarts.append(1))
