@@ -1,5 +1,5 @@
 """The parser (shared/cdi_spec.py, shared/cdi_spec_dirs.py) held to the CDI reference library on the seeded
-family of tests/cdi_spec_family.py: for every file, the same verdict (valid or refused) and, when valid, the
+family of tests/support/cdi_spec_family.py: for every file, the same verdict (valid or refused) and, when valid, the
 same devices; and across dirs, the same answer on whether rebellions.ai/npu=runtime resolves."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from shared.cdi_annotation import RUNTIME_DEVICE
 from shared.cdi_spec import resolve
 from shared.cdi_spec_dirs import SpecDirs, read_spec
-from tests.cdi_spec_family import MUTATIONS, family
+from tests.support.cdi_spec_family import MUTATIONS, family
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

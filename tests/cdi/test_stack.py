@@ -18,7 +18,7 @@ from shared import process_status
 from shared.cdi_annotation import ANNOTATION_KEY, RUNTIME_DEVICE, CdiAnnotation
 from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
 from simulator.stack import ENTRYPOINT
-from tests.cdi_spec_family import EDGE_FILES
+from tests.support.cdi_spec_family import EDGE_FILES
 from tests.support.metrics_scrape import metrics_port, value, wait_for_scrape
 from tests.support.waiting import wait_until
 

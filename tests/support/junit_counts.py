@@ -1,7 +1,7 @@
 """Prints "PASSED FAILED" from a pytest JUnit report, for the run.sh scripts' closing line: an error, a skip
 or a missing report is no pass.
 
-    python tests/junit_counts.py REPORT.xml
+    python tests/support/junit_counts.py REPORT.xml
 """
 
 import sys

@@ -30,7 +30,7 @@ from shared.cdi_spec import (
 )
 from shared.cdi_spec_dirs import MAX_SPEC_BYTES, MAX_SPECS_PER_DIR, SpecDirs, parse_spec_text, read_spec
 from shared.config import ConfigError, Settings
-from tests.cdi_spec_family import MUTATIONS, family
+from tests.support.cdi_spec_family import MUTATIONS, family
 
 TOOLKIT_SPEC = """---
 cdiVersion: 0.5.0
