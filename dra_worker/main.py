@@ -19,7 +19,7 @@ from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
 from shared import process_status, status_records
-from shared.config import DRA_DRIVER
+from shared.config import DRA_DRIVER, Settings
 from shared.device_status import read_status
 from shared.metrics import recorder_for
 from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
@@ -61,6 +61,17 @@ class LazyApi:
         return getattr(self._get(), name)
 
 
+def _follow_inventories(context: zmq.Context, settings: Settings,
+                        inventory: InventoryState) -> list[InventorySubscriber]:
+    """One subscriber per resource, started: the worker offers every device the scanner found."""
+    subscribers = [InventorySubscriber(context, settings.run_dir, resource, inventory.on_inventory,
+                                       heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))
+                   for resource in Resource]
+    for subscriber in subscribers:
+        subscriber.start()
+    return subscribers
+
+
 def main() -> None:
     settings = start_process(WORKER_DRA, driver=DRA_DRIVER)
     shutdown = ShutdownSignal().install()
@@ -98,11 +109,7 @@ def main() -> None:
         lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")
 
     context = zmq.Context()
-    subscribers = [InventorySubscriber(context, settings.run_dir, resource, inventory.on_inventory,
-                                       heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))
-                   for resource in Resource]
-    for subscriber in subscribers:
-        subscriber.start()
+    subscribers = _follow_inventories(context, settings, inventory)
     try:
         dra_server.start()
         registration_server.start()

@@ -1,3 +1,5 @@
+"""`python -m resource_worker`: the resource worker process."""
+
 from shared import loguru_asyncio
 
 # Before anything imports loguru (shared/loguru_asyncio.py): a worker whose resource has no devices never

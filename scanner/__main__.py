@@ -1,3 +1,5 @@
+"""`python -m scanner`: the scanner process."""
+
 from shared import loguru_asyncio
 
 # Before anything imports loguru (shared/loguru_asyncio.py): the scanner never needs asyncio.

@@ -33,7 +33,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from loguru import logger
@@ -327,17 +327,9 @@ class _StdlibBridge(logging.Handler):
         logger.bind(**extra).log(level, message)
 
 
-def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
-          rotate_bytes: int = ROTATE_BYTES, keep_rotated: int = KEEP_ROTATED) -> LogSetup:
-    """Install the stream (and the log file) for `process`.
-
-    The settings that fell back to their defaults are returned, not yet logged: the
-    caller logs them after its startup record, which must be the process's first.
-    """
-    environ = os.environ if environ is None else environ
-    stream = sys.stdout if stream is None else stream
-    fallbacks: list[Fallback] = []
-
+def _level_and_format(environ: Mapping[str, str]) -> tuple[str, str, list[Fallback]]:
+    """LOG_LEVEL and LOG_FORMAT as set, or their defaults, with a fallback for each setting not understood."""
+    fallbacks = []
     level_text = environ.get(LEVEL_ENV, "")
     level = level_name(level_text) if level_text.strip() else DEFAULT_LEVEL
     if level is None:
@@ -350,7 +342,35 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
         fallbacks.append(Fallback("Invalid log format; using the default",
                                   {"env": FORMAT_ENV, "value": format_text, "fallback": DEFAULT_FORMAT}))
         log_format = DEFAULT_FORMAT
+    return level, log_format, fallbacks
 
+
+def _log_file(environ: Mapping[str, str], process: str, rotate_bytes: int, keep_rotated: int,
+              announce: Callable[[str, str, Mapping[str, str]], None], fallbacks: list[Fallback]) -> LogFile | None:
+    """The process's log file in LOG_DIR; None without one (the directory unusable: a fallback says why)."""
+    log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
+    if not log_dir:
+        return None
+    directory = pathlib.Path(os.path.abspath(log_dir))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return LogFile(directory, process, rotate_bytes, keep_rotated, announce)
+    except OSError as exc:
+        fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
+                                  {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))
+        return None
+
+
+def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
+          rotate_bytes: int = ROTATE_BYTES, keep_rotated: int = KEEP_ROTATED) -> LogSetup:
+    """Install the stream (and the log file) for `process`.
+
+    The settings that fell back to their defaults are returned, not yet logged: the
+    caller logs them after its startup record, which must be the process's first.
+    """
+    environ = os.environ if environ is None else environ
+    stream = sys.stdout if stream is None else stream
+    level, log_format, fallbacks = _level_and_format(environ)
     with_caller = level == "debug"
     as_text = log_format == "text"
 
@@ -369,16 +389,7 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
         stream.write(_shrink(record, text_line if as_text else json_line) + "\n")
         stream.flush()
 
-    log_file: LogFile | None = None
-    log_dir = environ.get(DIR_ENV, DEFAULT_DIR)
-    if log_dir:
-        directory = pathlib.Path(os.path.abspath(log_dir))
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            log_file = LogFile(directory, process, rotate_bytes, keep_rotated, announce)
-        except OSError as exc:
-            fallbacks.append(Fallback("Log directory unavailable; logging to stdout only",
-                                      {"env": DIR_ENV, "value": log_dir, "err": str(exc)}))
+    log_file = _log_file(environ, process, rotate_bytes, keep_rotated, announce, fallbacks)
 
     def write(message) -> None:
         """Both destinations of a record: one loguru sink, since each sink costs a process's start some 7 ms

@@ -1,5 +1,5 @@
-"""The packages' layers hold: a module imports only from its own package and from layers below it; and no
-module grows past what one reads as one piece.
+"""The packages' layers hold: a module imports only from its own package and from layers below it; every
+module names its one job in its docstring; and no function grows past what one reads as one piece.
 
 Layer 0 is shared/; layer 1 the process packages and the simulator, each on shared/ alone; layer 2 the
 commands (rbln_device_plugin/), which may use everything. Every import counts, a function's own included:
@@ -105,19 +105,39 @@ def test_a_dependency_with_a_door_is_imported_through_it_alone():
     assert found == []
 
 
-MAX_MODULE_LINES = 500
-MAX_MODULE_BYTES = 18 * 1024
+MAX_FUNCTION_LINES = 60
+# Code that runs: the product, and the benchmarks that show its targets. Generated stubs aside.
+RUNNING_CODE = (*_layer_of(LAYERS), "bench", "deploy")
 
 
-def test_no_module_of_the_product_is_too_big_to_read_as_one_piece():
-    """Generated stubs aside: a module past these sizes holds more than one job."""
-    too_big = []
-    for package in _layer_of(LAYERS):
+def _modules(packages: tuple[str, ...]) -> Iterator[tuple[pathlib.Path, ast.Module]]:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
-            if "_pb2" in path.name:
-                continue
-            text = path.read_bytes()
-            lines = text.count(b"\n")
-            if lines > MAX_MODULE_LINES or len(text) > MAX_MODULE_BYTES:
-                too_big.append(f"{path.relative_to(ROOT)}: {lines} lines, {len(text)} bytes")
-    assert too_big == []
+            if "_pb2" not in path.name:
+                yield path.relative_to(ROOT), ast.parse(path.read_text(), str(path))
+
+
+def long_functions(tree: ast.Module, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (method, nested one) of `tree` longer than `limit` lines, with its length."""
+    return [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno is not None and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_every_module_of_the_product_names_its_job_in_its_docstring():
+    """A module is one job, named first thing; an empty package marker has no job to name."""
+    unnamed = [str(path) for path, tree in _modules(tuple(_layer_of(LAYERS)))
+               if tree.body and not (ast.get_docstring(tree) or "").strip()]
+    assert unnamed == []
+
+
+def test_no_function_is_longer_than_one_reads_as_one_piece():
+    too_long = [f"{path}: {function}" for path, tree in _modules(RUNNING_CODE) for function in long_functions(tree)]
+    assert too_long == []
+
+
+def test_the_length_check_counts_a_function_from_its_def_to_its_last_line():
+    def body(indent: str) -> str:
+        return "".join(f"{indent}x = {n}\n" for n in range(59))
+    tree = ast.parse(f"def fits():\n{body('    ')}\n\nclass C:\n    def long(self):\n{body(' ' * 8)}        pass\n")
+    assert long_functions(tree) == ["long: 61 lines"]
