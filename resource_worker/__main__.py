@@ -1,8 +1,8 @@
 """`python -m resource_worker`: the resource worker process."""
 
-from shared import loguru_asyncio
+from shared.fence import loguru_asyncio
 
-# Before anything imports loguru (shared/loguru_asyncio.py): a worker whose resource has no devices never
+# Before anything imports loguru (shared/fence/loguru_asyncio.py): a worker whose resource has no devices never
 # needs asyncio; one that serves gets it with gRPC.
 loguru_asyncio.install()
 

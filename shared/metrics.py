@@ -6,7 +6,7 @@ There are two kinds of family, told apart by where their values live:
 - Event families (counters and histograms) are recorded by the process where the event happens: the
   scanner's scans and `rbln-smi` calls, a worker's allocations and group changes, the watchdog's kubelet
   restarts. Each process writes them into memory-mapped files of its own in the metrics directory of the
-  run dir (prometheus_client's multiprocess layout, written by shared/value_files.py without importing
+  run dir (prometheus_client's multiprocess layout, written by shared/fence/prometheus_value_files.py without importing
   prometheus_client: a write is a store into shared memory, no system call),
   and the process serving `/metrics` adds up every process's files at each scrape. A process that died
   still counts: its events happened.
@@ -30,8 +30,8 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from shared import value_files
 from shared.config import RUN_DIR_ENV
+from shared.fence import prometheus_value_files
 from shared.metric_kinds import Kind
 from shared.safe_open import ensure_private_dir
 
@@ -149,7 +149,7 @@ class Recorder:
 
     An event is only queued where it happens (an append: an Allocate pays nothing measurable for it) and
     written to the files by `flush()`, which the process calls once the work is answered: the worker after
-    each response is sent, the scanner after each scan. The files are written by shared/value_files.py,
+    each response is sent, the scanner after each scan. The files are written by shared/fence/prometheus_value_files.py,
     without prometheus_client. Recording never raises into the caller's work: a value file that cannot be
     made or grown (a full or read-only run dir; its space is reserved before it is mapped, so it never costs
     a SIGBUS) is reported once, the events are dropped, and the first event recorded again is reported too.
@@ -160,11 +160,11 @@ class Recorder:
         self._pid = os.getpid() if pid is None else pid
         # Guards `_files` (the value files and what is known of their keys): flushes run on several threads.
         self._lock = threading.Lock()
-        self._files: value_files.ProcessFiles | None = None  # made by `load` or the first flush
+        self._files: prometheus_value_files.ProcessFiles | None = None  # made by `load` or the first flush
         self._zero_series_made = False  # once they are all in the files (a full run dir can refuse some)
         # Events not written yet; appended and taken from any thread (a deque's ends are thread-safe). Bounded,
         # so that events nobody flushes cannot grow the process.
-        self._pending: collections.deque[Callable[[value_files.ProcessFiles], None]] = collections.deque(
+        self._pending: collections.deque[Callable[[prometheus_value_files.ProcessFiles], None]] = collections.deque(
             maxlen=_MAX_PENDING)
         # Whether the failure to record is reported; the first success after it is reported too.
         self._failure_logged = False
@@ -185,11 +185,11 @@ class Recorder:
         except Exception as exc:  # as flush: metrics never cost the process
             self._failed(exc)
 
-    def _load(self) -> value_files.ProcessFiles:
+    def _load(self) -> prometheus_value_files.ProcessFiles:
         """The files with their zero series; the caller holds `_lock`."""
         assert self.directory is not None
         if self._files is None:
-            self._files = value_files.ProcessFiles(self.directory, self._pid)
+            self._files = prometheus_value_files.ProcessFiles(self.directory, self._pid)
         files = self._files
         if self._zero_series_made:
             return files
@@ -220,7 +220,7 @@ class Recorder:
             logger.warning("Metrics cannot be recorded; continuing without them", path=str(self.directory),
                            err=f"{type(exc).__name__}: {exc}")
 
-    def _record(self, work: Callable[[value_files.ProcessFiles], None]) -> None:
+    def _record(self, work: Callable[[prometheus_value_files.ProcessFiles], None]) -> None:
         if self.directory is not None:
             self._pending.append(work)
 
@@ -247,7 +247,7 @@ class Recorder:
         self._record(lambda f: f.observe(SCAN_DURATION, seconds))
 
     def rbln_smi(self, command: str, seconds: float, ok: bool) -> None:
-        def work(f: value_files.ProcessFiles) -> None:
+        def work(f: prometheus_value_files.ProcessFiles) -> None:
             f.observe(RBLN_SMI_DURATION, seconds, command)
             if not ok:
                 f.inc(RBLN_SMI_FAILURES, command)
@@ -256,7 +256,7 @@ class Recorder:
 
     def allocations(self, resource: str, result: Result, durations: Sequence[float]) -> None:
         """One Allocate call: the time each of its container requests took, and how the call ended."""
-        def work(f: value_files.ProcessFiles) -> None:
+        def work(f: prometheus_value_files.ProcessFiles) -> None:
             f.inc(ALLOCATIONS, resource, result.value, amount=len(durations))
             f.touch(ALLOCATE_DURATION, resource)
             for seconds in durations:
@@ -265,7 +265,7 @@ class Recorder:
         self._record(work)
 
     def preferred_allocation(self, resource: str, seconds: float, fallbacks: int) -> None:
-        def work(f: value_files.ProcessFiles) -> None:
+        def work(f: prometheus_value_files.ProcessFiles) -> None:
             f.observe(PREFERRED_ALLOCATION_DURATION, seconds, resource)
             if fallbacks:
                 f.inc(PREFERRED_ALLOCATION_FALLBACKS, resource, amount=fallbacks)
@@ -274,7 +274,7 @@ class Recorder:
 
     def prepares(self, result: Result, seconds: float) -> None:
         """One claim of a NodePrepareResources call, answered `seconds` after the call began."""
-        def work(f: value_files.ProcessFiles) -> None:
+        def work(f: prometheus_value_files.ProcessFiles) -> None:
             f.inc(DRA_PREPARES, result.value)
             f.observe(DRA_PREPARE_DURATION, seconds)
 

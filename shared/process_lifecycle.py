@@ -176,7 +176,7 @@ def stop_with_the_stack(environ: Mapping[str, str]) -> None:
 
     The siblings are left to supervisord, which stops them one after the other in
     supervisor.conf's order, each as soon as the one before has exited
-    (shared/supervisord/wakeup.py).
+    (shared/fence/supervisord_wakeup.py).
     """
     if "SUPERVISOR_SERVER_URL" not in environ:
         return  # not a program of supervisord

@@ -1,4 +1,4 @@
-"""supervisord's loop, woken by shared/supervisord/wakeup.py: real supervisord (recording each poll of its
+"""supervisord's loop, woken by shared/fence/supervisord_wakeup.py: real supervisord (recording each poll of its
 loop, tests/support/supervisord_probe.py) with the hook configured as supervisor.conf configures it.
 
 Without the hook, supervisord polls with a one-second timeout and acts only after a poll returns: it

@@ -1,4 +1,4 @@
-"""shared/loguru_asyncio.py: loguru without asyncio until a coroutine sink needs it, and loguru's own module
+"""shared/fence/loguru_asyncio.py: loguru without asyncio until a coroutine sink needs it, and loguru's own module
 whenever it is not the one the stand-in was written against. Each case runs in a fresh interpreter, since
 the stand-in only works before loguru is imported."""
 

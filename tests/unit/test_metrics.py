@@ -177,7 +177,7 @@ def test_file_names_and_liveness():
 def test_a_recorder_that_cannot_write_never_fails_the_work(node, monkeypatch):
     recorder = node.process(501)
     logged = []
-    monkeypatch.setattr("shared.value_files.ValueFile.__init__",
+    monkeypatch.setattr("shared.fence.prometheus_value_files.ValueFile.__init__",
                         lambda self, path: (_ for _ in ()).throw(OSError(28, "No space left")))
     monkeypatch.setattr("loguru.logger.warning", lambda message, **fields: logged.append((message, fields)))
     recorder.allocations(NPU, Result.SUCCESS, [0.1])
@@ -202,7 +202,7 @@ def test_value_files_are_allocated_before_they_are_mapped_and_a_refusal_is_repor
             raise OSError(28, "No space left on device")
         real_fallocate(fd, offset, length)
 
-    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    monkeypatch.setattr("shared.fence.prometheus_value_files.os.posix_fallocate", fallocate)
     for _ in range(3):
         recorder.scan(0.1)
         recorder.flush()
@@ -237,7 +237,7 @@ def test_a_recorder_refused_one_of_its_files_retries_holding_each_file_once(node
             raise OSError(28, "No space left on device")
         real_fallocate(fd, offset, length)
 
-    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    monkeypatch.setattr("shared.fence.prometheus_value_files.os.posix_fallocate", fallocate)
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(5):
         recorder.load(NPU, ["group-create"])

@@ -1,6 +1,6 @@
-"""The stack's own writer of the value files (shared/value_files.py) against prometheus_client's: the same events
-recorded by the Recorder and by prometheus_client's Counter and Histogram in its multiprocess mode make the same
-files, byte for byte, and the same /metrics page, processes ending and their files folded included."""
+"""The stack's own writer of the value files (shared/fence/prometheus_value_files.py) against prometheus_client's:
+the same events recorded by the Recorder and by prometheus_client's Counter and Histogram in its multiprocess mode
+make the same files, byte for byte, and the same /metrics page, processes ending and their files folded included."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector
-from shared import value_files
+from shared.fence import prometheus_value_files
 from shared.metrics import (
     ALLOCATE_DURATION,
     ALLOCATIONS,
@@ -160,15 +160,15 @@ def test_the_same_events_make_the_same_files_and_page_as_prometheus_client(tmp_p
 def test_every_bucket_bound_is_labelled_as_prometheus_client_labels_it():
     for family in EVENT_FAMILIES:
         for bound in (*family.buckets, math.inf):
-            assert value_files._le(bound) == floatToGoString(bound), (family.name, bound)
+            assert prometheus_value_files._le(bound) == floatToGoString(bound), (family.name, bound)
 
 
 def test_a_file_left_by_an_earlier_process_of_the_same_pid_is_continued(tmp_path):
-    first = value_files.ValueFile(tmp_path / "counter_7.db")
+    first = prometheus_value_files.ValueFile(tmp_path / "counter_7.db")
     first.add("a", 2.0)
     first.add("b", 1.0)
     first.close()
-    again = value_files.ValueFile(tmp_path / "counter_7.db")
+    again = prometheus_value_files.ValueFile(tmp_path / "counter_7.db")
     again.add("a", 1.0)
     again.add("c", 5.0)
     again.close()
@@ -178,12 +178,13 @@ def test_a_file_left_by_an_earlier_process_of_the_same_pid_is_continued(tmp_path
 
 
 def test_a_file_grows_past_its_first_size_and_reads_back_whole(tmp_path):
-    file = value_files.ValueFile(tmp_path / "histogram_8.db")
-    keys = [value_files.key("family", "family_bucket", {"le": str(index)}, "x" * 200) for index in range(2000)]
+    file = prometheus_value_files.ValueFile(tmp_path / "histogram_8.db")
+    keys = [prometheus_value_files.key("family", "family_bucket", {"le": str(index)}, "x" * 200)
+            for index in range(2000)]
     for index, key in enumerate(keys):
         file.add(key, float(index))
     file.close()
     path = tmp_path / "histogram_8.db"
-    assert path.stat().st_size > value_files.INITIAL_SIZE
+    assert path.stat().st_size > prometheus_value_files.INITIAL_SIZE
     read = list(prometheus_client.mmap_dict.MmapedDict.read_all_values_from_file(str(path)))
     assert [(key, value) for key, value, _, _ in read] == [(key, float(index)) for index, key in enumerate(keys)]
