@@ -23,6 +23,8 @@ import sys
 import zlib
 from typing import Any
 
+# The version whose internals this module was written against (shared/fence/__init__.py).
+CHECKED_AGAINST = ("loguru", "0.7.3")
 LOGURU_MODULE = "loguru._asyncio_loop"
 # loguru/_asyncio_loop.py of loguru 0.7.3 (deploy/container/requirements.lock).
 KNOWN_SOURCES = frozenset({(597, 2618393815)})

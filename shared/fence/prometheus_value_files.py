@@ -8,7 +8,7 @@ padded with spaces to the next multiple of 8 (at least one space), and two doubl
 entry is written whole before the count of bytes in use covers it, so a reader never sees half of one.
 The recording processes (scanner, workers, worker-dra) thus never import prometheus_client, whose package
 brings an HTTP server, email and wsgiref with it (about 40 ms and 3-4 MiB a process). `ProcessFiles` lays
-the families out as prometheus_client's Counter and Histogram do (tests/unit/test_value_files.py holds the
+the families out as prometheus_client's Counter and Histogram do (tests/unit/test_prometheus_value_files.py holds the
 two writers to the same bytes).
 
 A file is memory-mapped: a store into a page the file system cannot back (a full memory-backed run dir: a
@@ -34,6 +34,8 @@ from shared.metric_kinds import Kind
 if TYPE_CHECKING:
     from shared.metrics import Family
 
+# The version whose file format this module writes (shared/fence/__init__.py).
+CHECKED_AGAINST = ("prometheus_client", "0.26.0")
 INITIAL_SIZE = 1 << 16
 _HEADER_BYTES = 8
 _USED = struct.Struct("i")

@@ -34,6 +34,8 @@ import os
 import signal
 from typing import Any
 
+# The version whose internals this module was written against (shared/fence/__init__.py).
+CHECKED_AGAINST = ("supervisor", "4.3.0")
 # What a read takes from the pipe at a time: signals come in ones and twos.
 _READ_BYTES = 512
 
