@@ -41,7 +41,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import common
-from shared.metrics import PATH
+from shared.observability.metrics import PATH
 from tests.support.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowAttack
 from tests.support.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
 

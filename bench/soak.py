@@ -58,7 +58,7 @@ import grpc
 
 from bench import common
 from rbln_device_plugin.simulate import expected_resources
-from shared.metrics import PATH, metrics_dir
+from shared.observability.metrics import PATH, metrics_dir
 from shared.programs import PROGRAMS
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator

@@ -16,12 +16,12 @@ from kubelet_watchdog.probes import Verdict, current_status, liveness, publicati
 from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from kubelet_watchdog.stack_watch import ProgramExits, StatusFiles
-from shared.cdi_specs import remove_stale_specs
+from shared.cdi.stale_specs import remove_stale_specs
 from shared.config import ResourceApi, Settings
-from shared.metrics import Recorder, metrics_dir, recorder_for
-from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.observability.metrics import Recorder, metrics_dir, recorder_for
 from shared.programs import PLUGIN_RESTART_SIGNAL, SCANNER, WATCHDOG, WORKER_DRA, WORKERS, programs_for
-from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
+from shared.supervision.client import Supervisor, SupervisorError, SupervisorStopping, connect
+from shared.supervision.process_lifecycle import ShutdownSignal, exit_now, start_process
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
 # notice a FATAL program. Reading supervisord's table costs this process and supervisord about 2 ms of CPU;

@@ -2,7 +2,7 @@
 
 A kubelet that restarts deletes kubelet.sock and creates it again, and the new
 socket often gets the inode number the old one just freed. So an inotify event
-naming kubelet.sock counts by itself; the identity check (shared.plugin_socket)
+naming kubelet.sock counts by itself; the identity check (shared.kubelet.plugin_socket)
 only covers events that were lost, such as a queue overflow or a directory that did not
 exist yet.
 """
@@ -13,9 +13,9 @@ import pathlib
 
 from loguru import logger
 
-from shared import inotify
-from shared.inotify import flags
-from shared.plugin_socket import socket_identity
+from shared.fs import inotify
+from shared.fs.inotify import flags
+from shared.kubelet.plugin_socket import socket_identity
 
 KUBELET_SOCKET = "kubelet.sock"
 _WATCHED = flags.CREATE | flags.MOVED_TO | flags.DELETE_SELF | flags.MOVE_SELF

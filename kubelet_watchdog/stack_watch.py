@@ -20,11 +20,12 @@ from typing import Any
 
 from loguru import logger
 
-from shared import inotify, process_status
-from shared.inotify import flags
-from shared.status_records import Document
+from shared.channels import status_files
+from shared.channels.status_records import Document
+from shared.fs import inotify
+from shared.fs.inotify import flags
 
-# A status file is put in place by a rename (shared/process_status.py); a new file by a write. An overflowed
+# A status file is put in place by a rename (shared/channels/status_files.py); a new file by a write. An overflowed
 # queue or a watch that went away says nothing about which file changed: every file is stat'ed again anyway.
 _WATCHED = flags.MOVED_TO | flags.CLOSE_WRITE
 _STATUS_PREFIX = "status-"
@@ -81,13 +82,13 @@ class StatusFiles:
                    for event in self._inotify.pending())
 
     def read(self, process: str) -> Document | None:
-        """The document of `process`'s status file (shared.process_status.read_status), read again only when the
+        """The document of `process`'s status file (shared.channels.status_files.read_status), read again only when the
         file is not the one last read."""
-        identity = _identity(process_status.status_file(self._run_dir, process))
+        identity = _identity(status_files.status_file(self._run_dir, process))
         known = self._read.get(process)
         if identity is not None and known is not None and known[0] == identity:
             return known[1]
-        document = process_status.read_status(self._run_dir, process)
+        document = status_files.read_status(self._run_dir, process)
         self._read[process] = (identity, document)
         return document
 

@@ -11,7 +11,7 @@ import pathlib
 import socket
 
 from shared.config import ResourceApi, Settings
-from shared.plugin_socket import socket_pattern
+from shared.kubelet.plugin_socket import socket_pattern
 from shared.resources import Resource
 
 _CONNECT_TIMEOUT = 0.5

@@ -58,7 +58,7 @@ def device_holders(socket: pathlib.Path, resources: Iterable[str],
         raise PodResourcesUnavailable(f"no socket at {socket}")
     import grpc
 
-    from shared.podresources.v1 import api_pb2, api_pb2_grpc
+    from shared.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 
     channel = grpc.insecure_channel(f"unix://{socket}")
     try:

@@ -31,11 +31,11 @@ from typing import Any, Protocol
 from loguru import logger
 
 from resource_worker.device_table import DeviceTable
-from shared import process_status, status_records
-from shared.ipc import InventoryMessage
-from shared.plugin_socket import SocketIdentity, socket_identity
+from shared.channels import status_files, status_records
+from shared.channels.inventory_protocol import InventoryMessage
+from shared.channels.status_records import DeviceState, WorkerStatus
+from shared.kubelet.plugin_socket import SocketIdentity, socket_identity
 from shared.resources import Resource
-from shared.status_records import DeviceState, WorkerStatus
 
 # How often a serving worker looks at its socket when the socket cannot be watched (it may vanish silently).
 IDLE_CHECK_SECONDS = 1.0
@@ -245,7 +245,7 @@ class Worker:
             self._attention.clear()
         if self._server is not None:
             self._stop_serving()
-        process_status.remove_status(self._run_dir, self._resource.process_name)
+        status_files.remove_status(self._run_dir, self._resource.process_name)
 
     def step(self) -> float | None:
         """One step towards the desired state, then the status file brought up to date; returns how long to

@@ -18,12 +18,12 @@ from loguru import logger
 
 from resource_worker.device_table import DeviceTable
 from resource_worker.lifecycle import PluginInstance, Worker
+from shared.channels.inventory_subscriber import InventorySubscriber
 from shared.config import Settings
-from shared.plugin_socket import remove_stale_sockets
-from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.kubelet.plugin_socket import remove_stale_sockets
 from shared.programs import PLUGIN_RESTART_SIGNAL
 from shared.resources import Resource
-from shared.subscriber import InventorySubscriber
+from shared.supervision.process_lifecycle import ShutdownSignal, exit_now, start_process
 
 if TYPE_CHECKING:
     from resource_worker.serving import Serving

@@ -23,10 +23,10 @@ from resource_worker.device_table import DeviceTable, counts, device_fields, log
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker
-from shared.deviceplugin.v1beta1 import api_pb2_grpc
-from shared.metrics import Recorder
-from shared.plugin_socket import new_socket_name
-from shared.tracing import AllocationTracer
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2_grpc
+from shared.kubelet.plugin_socket import new_socket_name
+from shared.observability.metrics import Recorder
+from shared.observability.tracing import AllocationTracer
 
 if TYPE_CHECKING:
     from resource_worker.socket_watch import SocketWatch

@@ -16,11 +16,11 @@ from resource_worker.device_table import DeviceTable
 from resource_worker.lifecycle import PluginInstance
 from resource_worker.plugin_server import PluginServer
 from shared.config import Settings
-from shared.device_status import read_status
-from shared.metrics import recorder_for
-from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
-from shared.rsd_group import RsdGroups
-from shared.tracing import AllocationTracer, setup_tracing
+from shared.node.driver_status import read_status
+from shared.node.rbln_smi import GROUP_COMMANDS, RblnSmi
+from shared.node.rsd_group import RsdGroups
+from shared.observability.metrics import recorder_for
+from shared.observability.tracing import AllocationTracer, setup_tracing
 from shared.version import VERSION
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from shared import inotify
-from shared.inotify import flags
+from shared.fs import inotify
+from shared.fs.inotify import flags
 
 _WATCHED = flags.ATTRIB | flags.DELETE_SELF | flags.MOVE_SELF
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 from loguru import logger
 
-from shared.atomic_file import temp_path, write_atomically
+from shared.fs.atomic_file import temp_path, write_atomically
 
 # How long NFD keeps the labels of a file nobody renews (Rebellions' feature discovery uses one hour too).
 LIFETIME_SECONDS = 3600.0

@@ -15,7 +15,7 @@ import pathlib
 import re
 import stat
 
-from shared.inventory import BUS_ID_PATTERN
+from shared.node.device_record import BUS_ID_PATTERN
 
 _ROOT_SEGMENT = re.compile(r"pci[0-9a-fA-F]{4}:[0-9a-fA-F]{2}")
 

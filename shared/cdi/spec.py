@@ -2,7 +2,7 @@
 functions on plain data: is a spec valid, which devices does it define, and does a set of specs resolve a
 qualified device name (`vendor/class=name`).
 
-A spec arrives as a tree of dicts, lists, `Scalar`s and None (a YAML null), made by shared/cdi_spec_dirs.py
+A spec arrives as a tree of dicts, lists, `Scalar`s and None (a YAML null), made by shared/cdi/spec_dirs.py
 from a JSON or YAML file. The library decodes every spec with a strict YAML decoder into Go structs: an
 unknown or repeated key, a list where a scalar belongs, a quoted number where an integer belongs, all make
 the whole file invalid, and so they do here. What a valid spec still has to satisfy follows the library's

@@ -1,4 +1,4 @@
-"""Reading the CDI spec dirs as a runtime does, cheaply enough for every scan (policy: shared/cdi_spec.py).
+"""Reading the CDI spec dirs as a runtime does, cheaply enough for every scan (policy: shared/cdi/spec.py).
 
 A runtime reads every `.json` and `.yaml` file of each directory (no subdirectories; a `.yml` is not a
 spec to it), each with a YAML decoder, JSON being YAML. Here a file is read again only when its identity,
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shared.cdi_spec import LoadedSpec, Scalar, SpecError, Tree, load
+from shared.cdi.spec import LoadedSpec, Scalar, SpecError, Tree, load
 
 SPEC_SUFFIXES = (".json", ".yaml")
 # The toolkit's spec is a few KiB; a node has a handful of specs.

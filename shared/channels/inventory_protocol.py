@@ -22,8 +22,8 @@ from typing import Any
 
 import msgpack
 
-from shared.device_status import StatusReading
-from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.node.device_record import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.node.driver_status import StatusReading
 from shared.resources import Resource
 
 # 2: every message carries whether the CDI annotation's device resolves (`cdi`).

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import zmq
 from loguru import logger
 
-from shared import ipc
+from shared.channels import inventory_protocol
 from shared.resources import Resource
 
 _stop_names = itertools.count()
@@ -32,11 +32,11 @@ class SyncState(enum.Enum):
 
 class InventorySubscriber:
     def __init__(self, context: zmq.Context, run_dir: pathlib.Path, resource: Resource,
-                 on_inventory: Callable[[ipc.InventoryMessage], None], heartbeat_timeout: float):
+                 on_inventory: Callable[[inventory_protocol.InventoryMessage], None], heartbeat_timeout: float):
         self._context = context
-        self._pub_endpoint, self._snapshot_endpoint = ipc.endpoints(run_dir)
+        self._pub_endpoint, self._snapshot_endpoint = inventory_protocol.endpoints(run_dir)
         self._resource = resource
-        self._topic = ipc.topic(resource)
+        self._topic = inventory_protocol.topic(resource)
         self._on_inventory = on_inventory
         self._timeout_ms = max(1, int(heartbeat_timeout * 1000))
         self._stop = threading.Event()
@@ -70,7 +70,7 @@ class InventorySubscriber:
     def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
         sock = self._context.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, ipc.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, inventory_protocol.MAX_MESSAGE_BYTES)
         if kind == zmq.SUB:
             sock.setsockopt(zmq.SUBSCRIBE, self._topic)
         sock.connect(endpoint)
@@ -102,7 +102,7 @@ class InventorySubscriber:
     def _session(self, sub: zmq.Socket, snapshot: zmq.Socket) -> None:
         """Sync once, then follow updates until a resync is needed or stop() is called."""
         self.state = SyncState.SYNCING
-        snapshot.send_multipart([ipc.SNAPSHOT_REQUEST, self._topic])
+        snapshot.send_multipart([inventory_protocol.SNAPSHOT_REQUEST, self._topic])
         if not self._await_snapshot(snapshot):
             return
         self.state = SyncState.ACTIVE
@@ -131,7 +131,7 @@ class InventorySubscriber:
                 self._log_stale("the scanner did not answer a snapshot request")
                 return False
             frames = snapshot.recv_multipart()
-            if len(frames) != 2 or frames[0] != ipc.SNAPSHOT_REPLY:
+            if len(frames) != 2 or frames[0] != inventory_protocol.SNAPSHOT_REPLY:
                 logger.warning("Ignored malformed snapshot reply", resourceName=self._resource.value)
                 continue
             message = self._decode(frames[1])
@@ -150,20 +150,20 @@ class InventorySubscriber:
         events = dict(poller.poll(self._timeout_ms))
         return sock in events and self._stopped not in events
 
-    def _decode(self, payload: bytes | None) -> ipc.InventoryMessage | None:
+    def _decode(self, payload: bytes | None) -> inventory_protocol.InventoryMessage | None:
         try:
             if payload is None:
-                raise ipc.ProtocolError("unexpected frames")
-            message = ipc.decode(payload)
+                raise inventory_protocol.ProtocolError("unexpected frames")
+            message = inventory_protocol.decode(payload)
             if message.resource is not self._resource:
-                raise ipc.ProtocolError(f"message for {message.resource.value}")
+                raise inventory_protocol.ProtocolError(f"message for {message.resource.value}")
             return message
-        except ipc.ProtocolError as exc:
+        except inventory_protocol.ProtocolError as exc:
             logger.warning("Ignored malformed inventory message; keeping the last good state",
                            resourceName=self._resource.value, err=str(exc))
             return None
 
-    def _accept(self, message: ipc.InventoryMessage) -> None:
+    def _accept(self, message: inventory_protocol.InventoryMessage) -> None:
         self._seq = message.seq
         if self._stale_logged:
             logger.info("Inventory updates resumed", resourceName=self._resource.value)

@@ -12,7 +12,7 @@ outgrows the spare needs new space; when that fails, the status is left as it wa
 
 The spare is the file that was the status two writes earlier, and a slow reader may still have it open: so
 the writer rewrites it only under an exclusive lock (flock) that it cannot get while a reader holds its
-shared one, and otherwise writes a new file instead (shared.atomic_file, new space). A reader that opened a
+shared one, and otherwise writes a new file instead (shared.fs.atomic_file, new space). A reader that opened a
 file that is no longer the status file (a spare now) opens the status file again: so the statuses one reader
 reads in turn never go back in time.
 """
@@ -27,7 +27,7 @@ import pathlib
 import time
 from typing import Any
 
-from shared.atomic_file import temp_path, write_atomically
+from shared.fs.atomic_file import temp_path, write_atomically
 
 _MAX_STATUS_BYTES = 64 * 1024
 # A spare holds this much at least, and grows in doublings: a status that changes in size by a few

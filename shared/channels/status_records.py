@@ -1,6 +1,6 @@
-"""The records of the status files (shared.process_status keeps the files): one dataclass per kind of process.
+"""The records of the status files (shared.channels.status_files keeps the files): one dataclass per kind of process.
 
-Writers build a record and `write` it; readers `decode` what `process_status.read_status` returned. The
+Writers build a record and `write` it; readers `decode` what `status_files.read_status` returned. The
 files cross process boundaries and outlive versions (a worker of the old image may still be running while
 the new watchdog reads), so decoding is tolerant field by field, the way an operator would want a broken
 file read: a field that is missing (an older writer) or of the wrong type reads as absent (None, or empty),
@@ -15,7 +15,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from shared import process_status
+from shared.channels import status_files
 from shared.programs import SCANNER, WORKER_DRA
 
 Document = Mapping[str, Any]
@@ -212,4 +212,4 @@ def write(run_dir: pathlib.Path, process: str, record: StatusRecord) -> None:
     """Publish `record` as the status of `process` (stamped with this process's pid and the time)."""
     if not isinstance(record, record_kind(process)):
         raise TypeError(f"{process}'s status is a {record_kind(process).__name__}, not a {type(record).__name__}")
-    process_status.write_status(run_dir, process, record.to_json())
+    status_files.write_status(run_dir, process, record.to_json())

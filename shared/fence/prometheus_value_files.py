@@ -15,7 +15,7 @@ A file is memory-mapped: a store into a page the file system cannot back (a full
 file only extended, never allocated) would kill the process with SIGBUS, outside any `try`. So every byte of
 a file is allocated (posix_fallocate) before it is mapped or the file grows, and a file that cannot have
 its space is an OSError (ENOSPC, EROFS, ...) raised where the value is written, which the recorder reports
-and drops (shared/metrics.py).
+and drops (shared/observability/metrics.py).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from shared.metric_kinds import Kind
+from shared.observability.metric_kinds import Kind
 
 if TYPE_CHECKING:
-    from shared.metrics import Family
+    from shared.observability.metrics import Family
 
 # The version whose file format this module writes (shared/fence/__init__.py).
 CHECKED_AGAINST = ("prometheus_client", "0.26.0")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from shared.device_status import UNREADABLE, StatusReading
+from shared.node.driver_status import UNREADABLE, StatusReading
 
 
 class Health(enum.Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from shared.device_status import StatusReading
+from shared.node.driver_status import StatusReading
 
 # Device IDs reach file paths (/dev/<id>, sysfs) and the kubelet (at most 63
 # characters); only plain names are accepted from rbln-smi. Both patterns are for fullmatch:

@@ -16,10 +16,10 @@ import pathlib
 import time
 from collections.abc import Iterator, Sequence
 
-from shared import safe_open
 from shared.config import RSD_LOCK_FILE_ENV
-from shared.inventory import DeviceRecord
-from shared.rbln_smi import RblnSmi, RblnSmiError, SmiUsage
+from shared.fs import safe_open
+from shared.node.device_record import DeviceRecord
+from shared.node.rbln_smi import RblnSmi, RblnSmiError, SmiUsage
 
 DEFAULT_GROUP = 0
 LOCK_TIMEOUT = 30.0

@@ -9,7 +9,7 @@ import os
 import pathlib
 import stat
 
-from shared.inventory import BUS_ID_PATTERN
+from shared.node.device_record import BUS_ID_PATTERN
 
 # A sysfs attribute is a short line; never read more than this.
 _MAX_ATTRIBUTE_BYTES = 256

@@ -12,7 +12,7 @@ rotated by size with a bounded number of old files kept. The files are always
 JSON, whatever the stream's format, so that `rbln-device-plugin logs` can
 filter them by level and time before rendering them for a person. A log file is
 only ever opened as a plain file of the stack's user, never through a symbolic
-link (shared/safe_open.py), and old files are removed only when they are
+link (shared/fs/safe_open.py), and old files are removed only when they are
 provably this process's own rotated files (`own_rotated_files`).
 
 Callers log with loguru and pass the event's keys as keyword arguments:
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from shared import safe_open
+from shared.fs import safe_open
 
 if TYPE_CHECKING:
     from loguru import Record

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from shared.config import RUN_DIR_ENV
 from shared.fence import prometheus_value_files
-from shared.metric_kinds import Kind
-from shared.safe_open import ensure_private_dir
+from shared.fs.safe_open import ensure_private_dir
+from shared.observability.metric_kinds import Kind
 
 METRICS_DIR_NAME = "metrics"
 PATH = "/metrics"

@@ -4,7 +4,7 @@ With no endpoint configured the OpenTelemetry SDK is never imported and every
 call here is a no-op. A malformed endpoint is reported once and tracing stays
 off. Spans are handed to a batch processor whose own thread exports them, so
 an unreachable collector only produces warnings from that thread (see
-shared.log: `OpenTelemetry SDK error`), never a slower Allocate.
+shared.observability.log: `OpenTelemetry SDK error`), never a slower Allocate.
 
 Each kubelet Allocate is one `Allocate` span with one `allocateContainer`
 child per container request; the attribute keys are the Go original's. In DRA mode each
@@ -21,7 +21,7 @@ from typing import Any
 
 from loguru import logger
 
-from shared.log import OTEL_ERROR_MESSAGE
+from shared.observability.log import OTEL_ERROR_MESSAGE
 
 SERVICE_NAME = "rbln-device-plugin"
 ALLOCATE_SPAN = "Allocate"

@@ -15,7 +15,7 @@ from xml.parsers.expat import ExpatError
 
 from supervisor.xmlrpc import Faults
 
-from shared.supervisord import transport
+from shared.supervision import transport
 
 # A signalled program with no process (NOT_RUNNING), or one that exited between supervisord's look at its state
 # and its kill() (FAILED: the kill's OSError): either way nobody is left to tell.

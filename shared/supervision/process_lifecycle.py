@@ -13,9 +13,9 @@ from typing import NoReturn
 
 from loguru import logger
 
-from shared import log
 from shared.config import ConfigError, Settings
-from shared.supervisord import transport
+from shared.observability import log
+from shared.supervision import transport
 from shared.version import VERSION
 
 # Termination requests a process honours. SIGHUP too: nothing in the stack reloads

@@ -23,8 +23,8 @@ import socket
 import struct
 import time
 
-from shared import safe_open
 from shared.config import RUN_DIR_ENV, SUPERVISOR_SOCKET
+from shared.fs import safe_open
 
 CREDENTIALS_FILE = "supervisord-auth.conf"
 USERNAME = "rbln-device-plugin"

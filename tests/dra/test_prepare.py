@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from shared.cdi_annotation import RUNTIME_DEVICE
-from shared.supervisord.client import connect
+from shared.cdi.annotation import RUNTIME_DEVICE
+from shared.supervision.client import connect
 from tests.cdi.reference import ReferenceLibrary
 from tests.conformance.kubelet_harness import HarnessError
 from tests.dra.dra_harness import claim, exactly, pod

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from shared.process_status import read_status
+from shared.channels.status_files import read_status
 from shared.resources import Resource
 from simulator import smi_state
 from tests.support.ports import free_port
@@ -31,8 +31,9 @@ TIMEOUT = 30.0
 SCAN_INTERVAL = "5s"
 # What serving needs, and only serving: gRPC (and the asyncio it imports) and the API, the tracer (and with an
 # endpoint the SDK), the Allocator and placement.
-SERVING_ONLY = ("grpc", "asyncio", "opentelemetry", "shared.tracing", "shared.deviceplugin", "resource_worker.serving",
-                "resource_worker.plugin_server", "resource_worker.allocation", "resource_worker.placement")
+SERVING_ONLY = ("grpc", "asyncio", "opentelemetry", "shared.observability.tracing", "shared.kubelet.deviceplugin",
+                "resource_worker.serving", "resource_worker.plugin_server", "resource_worker.allocation",
+                "resource_worker.placement")
 # Never imported by a worker: the value files are written without prometheus_client; OpenSSL's hashes (the
 # random socket names need only os.urandom) come with gRPC's ssl at most.
 NEVER = ("prometheus_client",)

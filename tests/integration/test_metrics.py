@@ -12,7 +12,7 @@ import sys
 import grpc
 import pytest
 
-from shared.metrics import DRA_ONLY_FAMILIES, FAMILIES, metrics_dir
+from shared.observability.metrics import DRA_ONLY_FAMILIES, FAMILIES, metrics_dir
 from shared.programs import PROGRAMS
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT

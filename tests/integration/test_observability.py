@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from rbln_device_plugin import logs as logs_command
-from shared import tracing
+from shared.observability import tracing
 from shared.programs import PROGRAMS
 from shared.resources import Resource
 from shared.version import VERSION

@@ -19,8 +19,8 @@ import textwrap
 
 import pytest
 
-from shared.supervisord import transport
-from shared.supervisord.client import server_proxy
+from shared.supervision import transport
+from shared.supervision.client import server_proxy
 from tests.support.waiting import wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """A seeded family of CDI specs: valid ones of every shape the CDI library accepts, and each made invalid by
 one mutation from a catalogue of what the library refuses; plus edge cases whose verdict only the library
-itself settles (the cross-check of tests/cdi holds shared/cdi_spec.py to it on all of them).
+itself settles (the cross-check of tests/cdi holds shared/cdi/spec.py to it on all of them).
 
 A case is a file name and its bytes, with the verdict expected by construction (None for an edge case) and
 the qualified device names a valid one defines.

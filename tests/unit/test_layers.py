@@ -90,7 +90,7 @@ def test_the_check_finds_hidden_sideways_upward_and_relative_imports(tmp_path):
 
 
 # A dependency the product reaches through one module of its own only: the module that knows its ways.
-DOORS = {"inotify_simple": "shared/inotify.py"}
+DOORS = {"inotify_simple": "shared/fs/inotify.py"}
 
 
 def test_a_dependency_with_a_door_is_imported_through_it_alone():

@@ -19,11 +19,11 @@ from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_r
 from resource_worker import servicer as servicer_module
 from resource_worker.servicer import DevicePluginServicer
 from resource_worker.streams import StreamTracker
-from shared import metrics
-from shared.deviceplugin.v1beta1 import api_pb2
-from shared.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2
+from shared.observability import metrics
+from shared.observability.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.observability.tracing import AllocationTracer
 from shared.resources import Resource
-from shared.tracing import AllocationTracer
 from tests.support.allocators import make_allocator
 from tests.support.metrics_scrape import scrape, value
 
@@ -262,7 +262,7 @@ def test_the_recording_processes_never_import_prometheus_client(tmp_path):
     /metrics, reads them with it."""
     script = f"""
 import os, pathlib, sys
-from shared.metrics import Result, recorder_for
+from shared.observability.metrics import Result, recorder_for
 import resource_worker.main, resource_worker.serving, scanner.main, dra_worker.main
 run_dir = pathlib.Path({str(tmp_path)!r})
 off = recorder_for(-1, run_dir)

@@ -18,7 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector
 from shared.fence import prometheus_value_files
-from shared.metrics import (
+from shared.observability.metrics import (
     ALLOCATE_DURATION,
     ALLOCATIONS,
     DRA_PREPARE_DURATION,

@@ -12,7 +12,7 @@ from loguru import logger
 
 from resource_worker import socket_watch
 from resource_worker.socket_watch import SocketWatch
-from shared import inotify
+from shared.fs import inotify
 
 WAIT = 10.0
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from shared.deviceplugin.v1beta1 import api_pb2 as deviceplugin_dot_v1beta1_dot_api__pb2
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2 as deviceplugin_dot_v1beta1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

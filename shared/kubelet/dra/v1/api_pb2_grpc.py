@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from shared.dra.v1 import api_pb2 as dra_dot_v1_dot_api__pb2
+from shared.kubelet.dra.v1 import api_pb2 as dra_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from shared.pluginregistration.v1 import api_pb2 as pluginregistration_dot_v1_dot_api__pb2
+from shared.kubelet.pluginregistration.v1 import api_pb2 as pluginregistration_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from shared.podresources.v1 import api_pb2 as podresources_dot_v1_dot_api__pb2
+from shared.kubelet.podresources.v1 import api_pb2 as podresources_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
