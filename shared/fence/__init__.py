@@ -6,6 +6,9 @@ checked against (its `CHECKED_AGAINST`), and what happens on another version. Th
 in pyproject.toml and deploy/container/requirements.lock, and tests/unit/test_fence.py fails when the
 installed version differs from it: whoever moves the pin reads the dependency's new internals first.
 
-A module here may import the rest of shared/ but is imported only where its workaround is installed; each is
-self-contained, so that dropping one (when what it buys no longer pays) is deleting it and its callers' lines.
+A module here is imported only where its workaround is installed, and each is self-contained, so that
+dropping one (when what it buys no longer pays) is deleting it and its callers' lines. May import
+`observability` (the metric kinds the value files carry).
 """
+
+MAY_IMPORT = ("shared.observability",)

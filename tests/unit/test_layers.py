@@ -4,6 +4,9 @@ module names its one job in its docstring; and no function grows past what one r
 Layer 0 is shared/; layer 1 the process packages and the simulator, each on shared/ alone; layer 2 the
 commands (rbln_device_plugin/), which may use everything. Every import counts, a function's own included:
 an import hidden in a function is still an edge of the graph, and a cycle through one still a cycle.
+
+Inside shared/, each subpackage imports only itself and the parts its `MAY_IMPORT` names (its docstring says
+why); "shared" there means the vocabulary at shared/'s top, whose own `MAY_IMPORT` is in shared/__init__.py.
 """
 
 from __future__ import annotations
@@ -86,6 +89,65 @@ def test_the_check_finds_hidden_sideways_upward_and_relative_imports(tmp_path):
         "scanner/main.py:2: `import kubelet_watchdog.probes`: scanner (layer 1) imports kubelet_watchdog "
         "(layer 1), sideways",
         "simulator/node.py:1: `from tests import conftest`: simulator imports tests, which the product does not ship",
+    ]
+
+
+def _shared_part(module: str, root: pathlib.Path) -> str | None:
+    """The part of shared/ a module belongs to: "shared.<subpackage>", or "shared" for the vocabulary at the top;
+    None outside shared/."""
+    parts = module.split(".")
+    if parts[0] != "shared":
+        return None
+    if len(parts) > 1 and (root / "shared" / parts[1]).is_dir():
+        return f"shared.{parts[1]}"
+    return "shared"
+
+
+def _may_import(root: pathlib.Path, part: str) -> tuple[str, ...]:
+    """The `MAY_IMPORT` of a part of shared/, read from its __init__.py without importing it."""
+    init = root / pathlib.Path(*part.split(".")) / "__init__.py"
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "MAY_IMPORT" for target in targets):
+            return tuple(ast.literal_eval(value))
+    raise AssertionError(f"{init.relative_to(root)} names no MAY_IMPORT")
+
+
+def shared_violations(root: pathlib.Path) -> list[str]:
+    found = []
+    for path in sorted((root / "shared").rglob("*.py")):
+        if "_pb2" in path.name:
+            continue
+        relative = path.relative_to(root)
+        own = _shared_part(".".join(relative.with_suffix("").parts), root)
+        assert own is not None
+        allowed = _may_import(root, own)
+        for line, module, statement in imports(path, relative.parent.parts):
+            part = _shared_part(module, root)
+            if part is not None and part != own and part not in allowed:
+                found.append(f"{relative}:{line}: `{statement}`: {own} may import {', '.join(allowed) or 'nothing'}")
+    return found
+
+
+def test_each_part_of_shared_imports_only_what_it_says_it_may():
+    assert shared_violations(ROOT) == []
+
+
+def test_the_check_of_shared_finds_an_import_its_part_does_not_allow(tmp_path):
+    _write(tmp_path, "shared/__init__.py", "MAY_IMPORT = ('shared.fs',)\n")
+    _write(tmp_path, "shared/config.py", "from shared.fs import atomic\nfrom shared.node import sysfs\n")
+    _write(tmp_path, "shared/fs/__init__.py", "MAY_IMPORT: tuple[str, ...] = ()\n")
+    _write(tmp_path, "shared/fs/atomic.py", "import shared.config\n")
+    _write(tmp_path, "shared/node/__init__.py", "MAY_IMPORT = ('shared', 'shared.fs')\n")
+    _write(tmp_path, "shared/node/sysfs.py", "from shared import config\nfrom ..fs import atomic\n")
+    assert shared_violations(tmp_path) == [
+        "shared/config.py:2: `from shared.node import sysfs`: shared may import shared.fs",
+        "shared/fs/atomic.py:1: `import shared.config`: shared.fs may import nothing",
     ]
 
 
