@@ -70,19 +70,22 @@ def test_every_package_of_the_wheel_has_its_layer():
     assert sorted(wheel["packages"]) == sorted(_layer_of(LAYERS))
 
 
-def _write(root: pathlib.Path, relative: str, text: str) -> None:
-    path = root / relative
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+def _write_tree(root: pathlib.Path, files: Mapping[str, str]) -> None:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def test_the_check_finds_hidden_sideways_upward_and_relative_imports(tmp_path):
-    _write(tmp_path, "shared/base.py", "import os\n\ndef late():\n    from scanner import main\n")
-    _write(tmp_path, "shared/sub/deep.py", "from .. import base\nfrom ...scanner import main\n")
-    _write(tmp_path, "scanner/main.py", "from shared import base\nimport kubelet_watchdog.probes\n")
-    _write(tmp_path, "simulator/node.py", "from tests import conftest\n")
-    _write(tmp_path, "rbln_device_plugin/cli.py", "import scanner.main, kubelet_watchdog, simulator.node\n")
-    _write(tmp_path, "kubelet_watchdog/probes.py", "")
+    _write_tree(tmp_path, {
+        "shared/base.py": "import os\n\ndef late():\n    from scanner import main\n",
+        "shared/sub/deep.py": "from .. import base\nfrom ...scanner import main\n",
+        "scanner/main.py": "from shared import base\nimport kubelet_watchdog.probes\n",
+        "simulator/node.py": "from tests import conftest\n",
+        "rbln_device_plugin/cli.py": "import scanner.main, kubelet_watchdog, simulator.node\n",
+        "kubelet_watchdog/probes.py": "",
+    })
     assert violations(tmp_path) == [
         "shared/base.py:4: `from scanner import main`: shared (layer 0) imports scanner (layer 1), upward",
         "shared/sub/deep.py:2: `from ...scanner import main`: shared (layer 0) imports scanner (layer 1), upward",
@@ -139,12 +142,14 @@ def test_each_part_of_shared_imports_only_what_it_says_it_may():
 
 
 def test_the_check_of_shared_finds_an_import_its_part_does_not_allow(tmp_path):
-    _write(tmp_path, "shared/__init__.py", "MAY_IMPORT = ('shared.fs',)\n")
-    _write(tmp_path, "shared/config.py", "from shared.fs import atomic\nfrom shared.node import sysfs\n")
-    _write(tmp_path, "shared/fs/__init__.py", "MAY_IMPORT: tuple[str, ...] = ()\n")
-    _write(tmp_path, "shared/fs/atomic.py", "import shared.config\n")
-    _write(tmp_path, "shared/node/__init__.py", "MAY_IMPORT = ('shared', 'shared.fs')\n")
-    _write(tmp_path, "shared/node/sysfs.py", "from shared import config\nfrom ..fs import atomic\n")
+    _write_tree(tmp_path, {
+        "shared/__init__.py": "MAY_IMPORT = ('shared.fs',)\n",
+        "shared/config.py": "from shared.fs import atomic\nfrom shared.node import sysfs\n",
+        "shared/fs/__init__.py": "MAY_IMPORT: tuple[str, ...] = ()\n",
+        "shared/fs/atomic.py": "import shared.config\n",
+        "shared/node/__init__.py": "MAY_IMPORT = ('shared', 'shared.fs')\n",
+        "shared/node/sysfs.py": "from shared import config\nfrom ..fs import atomic\n",
+    })
     assert shared_violations(tmp_path) == [
         "shared/config.py:2: `from shared.node import sysfs`: shared may import shared.fs",
         "shared/fs/atomic.py:1: `import shared.config`: shared.fs may import nothing",
