@@ -22,9 +22,17 @@ What it does when it wakes is supervisord's own code, unchanged.
 
 That the loop polls the dispatchers of `options.get_socket_map()`, acts after each poll on one of the
 signals noted in `options.signal_receiver`, and keeps the groups still to stop in `stop_groups` is
-supervisord's internals, hence the version range in pyproject.toml. Should they change, the hook either
+supervisord's internals, hence the exact version in pyproject.toml. Should they change, the hook either
 cannot install, which supervisord logs in one line before running as before (only slower), or it installs
 and wakes the loop less often.
+
+What it buys, measured on the stack as a node runs it (bench/stack_lifecycle.py --quick, 8-PF node, two runs
+with it and two with the `[rpcinterface:wakeup]` section removed from supervisor.conf; a 2-core machine shared
+with other work): stopping the stack (SIGTERM to supervisord's exit) 173-176 ms p50 (max 253-302 ms) with it,
+2172-3297 ms p50 (max 3396-4255 ms) without; the start up to supervisord's first spawn 310-830 ms with it,
+1160-1340 ms without (one poll of a second). Memory and idle CPU: no difference beyond the noise (Rss 187 MiB,
+idle 0.19-0.23 % of a core either way).
+Checked against supervisor 4.3.0 (`CHECKED_AGAINST`, pinned exactly in pyproject.toml and the lock).
 """
 
 from __future__ import annotations
