@@ -11,9 +11,9 @@ from collections.abc import Callable
 from loguru import logger
 
 from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
+from kubelet_watchdog.kubelet_socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.metrics_server import MetricsEndpoint
 from kubelet_watchdog.probes import Verdict, current_status, liveness, publication_deadline, readiness
-from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from kubelet_watchdog.stack_watch import ProgramExits, StatusFiles
 from shared.cdi.stale_specs import remove_stale_specs

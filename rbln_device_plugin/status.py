@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_watchdog.probes import current_status
-from rbln_device_plugin.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
+from rbln_device_plugin.pod_resources_client import DeviceKey, Holder, PodResourcesUnavailable, device_holders
 from shared.channels import status_files
 from shared.channels.status_records import Document, DraStatus, ScannerStatus, WorkerStatus
 from shared.config import OPTIONS, Option

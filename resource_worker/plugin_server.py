@@ -29,7 +29,7 @@ from shared.observability.metrics import Recorder
 from shared.observability.tracing import AllocationTracer
 
 if TYPE_CHECKING:
-    from resource_worker.socket_watch import SocketWatch
+    from resource_worker.plugin_socket_watch import SocketWatch
 
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
 SERVER_THREADS = 16
@@ -74,7 +74,7 @@ class PluginServer:
         """Watch the socket, once the first Register is on its way: a process's first watch costs some 10 ms
         (inotify_simple's imports, its look-up of libc), which the registration need not wait for."""
         if self._socket_watch is None:
-            from resource_worker.socket_watch import shared_watch
+            from resource_worker.plugin_socket_watch import shared_watch
 
             self._socket_watch = shared_watch()
         if self._socket_watch is not None:

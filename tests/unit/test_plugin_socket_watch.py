@@ -10,8 +10,8 @@ import threading
 import pytest
 from loguru import logger
 
-from resource_worker import socket_watch
-from resource_worker.socket_watch import SocketWatch
+from resource_worker import plugin_socket_watch
+from resource_worker.plugin_socket_watch import SocketWatch
 from shared.fs import inotify
 
 WAIT = 10.0
@@ -73,10 +73,10 @@ def test_without_an_inotify_instance_the_process_has_no_watch_and_says_so_once(m
     records: list[tuple[str, str]] = []
     sink = logger.add(lambda m: records.append((m.record["level"].name, m.record["message"])), level="DEBUG")
     monkeypatch.setattr(inotify, "INotify", used_up)
-    socket_watch.shared_watch.cache_clear()
+    plugin_socket_watch.shared_watch.cache_clear()
     try:
-        assert socket_watch.shared_watch() is None and socket_watch.shared_watch() is None
+        assert plugin_socket_watch.shared_watch() is None and plugin_socket_watch.shared_watch() is None
     finally:
-        socket_watch.shared_watch.cache_clear()
+        plugin_socket_watch.shared_watch.cache_clear()
         logger.remove(sink)
     assert records == [("WARNING", "Cannot watch the device plugin socket; looking at it every second")]

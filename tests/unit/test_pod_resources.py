@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from rbln_device_plugin.pod_resources import Holder, PodResourcesUnavailable, device_holders, holders_from
+from rbln_device_plugin.pod_resources_client import Holder, PodResourcesUnavailable, device_holders, holders_from
 from shared.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 
 NPU, VF4 = "rebellions.ai/npu", "rebellions.ai/npu-vf4"

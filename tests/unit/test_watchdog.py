@@ -10,11 +10,11 @@ import xmlrpc.client
 import pytest
 from supervisor.xmlrpc import Faults
 
+from kubelet_watchdog.kubelet_socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.probes import liveness, readiness
-from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
-from rbln_device_plugin.pod_resources import Holder
+from rbln_device_plugin.pod_resources_client import Holder
 from rbln_device_plugin.status import build_report, render_text
 from shared.config import Settings
 from shared.observability.metrics import Recorder
