@@ -3,6 +3,7 @@ that cannot recover, answers the pod's liveness and readiness probes and serves 
 
 from __future__ import annotations
 
+import enum
 import os
 import select
 import time
@@ -86,6 +87,18 @@ class HealthEndpoint:
             self._server.stop()
 
 
+class Table(enum.Enum):
+    """What the watchdog knows of supervisord's program table: the state of its checks."""
+
+    # Not read yet, or supervisord did not answer (or a program is FATAL) at the last check: read at the next.
+    UNKNOWN = "unknown"
+    # Read at the last check and judged by; read again at the next, CHECK_INTERVAL later.
+    READ = "read"
+    # Every program runs and its exit is watched: until one exits, supervisord is only asked whether it
+    # answers, every STEADY_CHECK_INTERVAL.
+    STEADY = "steady"
+
+
 class Watchdog:
     def __init__(self, settings: Settings, supervisor: Supervisor, health: HealthEndpoint,
                  metrics: MetricsEndpoint, recorder: Recorder):
@@ -99,13 +112,11 @@ class Watchdog:
         self._run_dir_was_writable = True
         self._status = StatusFiles(settings.run_dir)
         self._exits = ProgramExits()
-        # supervisord's table at the last check; None until it answered, and while it does not.
-        self._programs: dict[str, dict] | None = None
+        self._table = Table.UNKNOWN
+        self._programs: dict[str, dict] | None = None  # the table as read, while READ or STEADY
         # When supervisord is asked next, and when the status files are judged again before that (monotonic).
         self._next_check = 0.0
         self._next_judgement: float | None = None
-        # Every program of `_programs` runs and is watched for its exit: the table stays current until one does.
-        self._steady = False
         # A replaced status file awaits its judgement: its watch is not selected meanwhile (what comes on it
         # is read by that judgement).
         self._settling = False
@@ -133,7 +144,8 @@ class Watchdog:
         now = time.monotonic()
         if self._exits.exited(readable):
             self._exits.close()  # readable from now on; the check watches the new table
-            self._steady = False
+            if self._table is Table.STEADY:
+                self._table = Table.READ
             self._next_check = min(self._next_check, now + EXIT_SETTLE_SECONDS)
         if self._status.watching and self._status.fileno() in readable and self._status.changed():
             self._settling = True
@@ -142,7 +154,8 @@ class Watchdog:
             self._check()
         elif self._next_judgement is not None and now >= self._next_judgement:
             self._next_judgement = None
-            if self._programs is not None:
+            if self._table is not Table.UNKNOWN:
+                assert self._programs is not None
                 self._judge(self._programs)
 
     def _judge_at(self, when: float) -> None:
@@ -172,9 +185,8 @@ class Watchdog:
         self._next_check = now + CHECK_INTERVAL
         self._next_judgement = None
         self._settling = False
-        programs = self._programs if self._steady else None
-        self._programs = None
-        self._steady = False
+        programs = self._programs if self._table is Table.STEADY else None
+        self._table, self._programs = Table.UNKNOWN, None
         try:
             if programs is None:
                 self._exits.close()
@@ -203,14 +215,14 @@ class Watchdog:
             except SupervisorError as exc:
                 logger.error("Shutdown request failed", err=str(exc))
             return
-        self._programs = programs
+        self._table, self._programs = Table.READ, programs
         published = self._judge(programs)
         expected = programs_for(self._settings.resource_api)
         # Steady only while replaced status files are seen at once: otherwise they are judged at every check.
         settled = self._status.watching and published and all(
             programs.get(name, {}).get("statename") == "RUNNING" for name in expected)
         if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
-            self._steady = True
+            self._table = Table.STEADY
             self._next_check = now + STEADY_CHECK_INTERVAL
 
     def _judge(self, programs: dict[str, dict]) -> bool:
