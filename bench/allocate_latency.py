@@ -47,7 +47,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import common
-from shared.rbln_smi import run_bounded
+from shared.node.rbln_smi import run_bounded
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode

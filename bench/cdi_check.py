@@ -28,7 +28,7 @@ from loguru import logger
 
 from bench import common
 from scanner.cdi_watch import CdiWatch
-from shared.cdi_annotation import CdiAnnotation
+from shared.cdi.annotation import CdiAnnotation
 
 CHECKS = 2000
 QUICK_CHECKS = 200

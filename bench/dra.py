@@ -38,11 +38,11 @@ from dra_worker.checkpoint import Checkpoint
 from dra_worker.inventory import InventoryState
 from dra_worker.prepare import ClaimRef, Preparer
 from scanner.discovery import scan
-from shared import ipc
-from shared.cdi_annotation import CdiAnnotation
-from shared.device_status import read_status
-from shared.rbln_smi import RblnSmi, SmiUsage, run_bounded
-from shared.rsd_group import RsdGroups
+from shared.cdi.annotation import CdiAnnotation
+from shared.channels import inventory_protocol
+from shared.node.driver_status import read_status
+from shared.node.rbln_smi import RblnSmi, SmiUsage, run_bounded
+from shared.node.rsd_group import RsdGroups
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
 from tests.fake_kube_api import FakeKubeApi
@@ -81,7 +81,8 @@ def prepare_rows(calls: int, data_root: str | None = None, suffix: str = "") -> 
         state = InventoryState()
         result = scan(RblnSmi(node.rbln_smi), node.sysfs_root)
         for resource, devices in result.inventories.items():
-            state.on_inventory(ipc.InventoryMessage(resource, "e", 1, 0, devices, None, True, result.driver_version))
+            state.on_inventory(inventory_protocol.InventoryMessage(resource, "e", 1, 0, devices, None, True,
+                                                                   result.driver_version))
         claims = _Claims()
         preparer = Preparer(api=claims, inventory=state.current, rsd_groups=RsdGroups(smi, node.lock_file),
                             checkpoint=Checkpoint(pathlib.Path(data)), cdi_root=node.cdi_root, dev_root=node.dev_root,
@@ -132,8 +133,8 @@ def _await(condition, timeout: float) -> float:
 def stack_rows(flips: int) -> list[dict]:
     import grpc
 
-    from shared.dra.v1 import api_pb2, api_pb2_grpc
-    from shared.process_status import read_status as read_process_status
+    from shared.channels.status_files import read_status as read_process_status
+    from shared.kubelet.dra.v1 import api_pb2, api_pb2_grpc
 
     credentials = tempfile.TemporaryDirectory(prefix="rbln-bench-dra-tls-")
     api = FakeKubeApi(tls_dir=pathlib.Path(credentials.name)).start()

@@ -3,7 +3,7 @@
     python bench/edge_attacks.py [--quick]
 
 The stack runs on the 64-device node with the health service and /metrics on (free ports). For each
-attack (tests/hostile_tcp.py, tests/hostile_http2.py), run for 30 s (8 s quick) against the running
+attack (tests/support/hostile_tcp.py, tests/support/hostile_http2.py), run for 30 s (8 s quick) against the running
 stack, a kubelet-like probe (a new connection, one `Check` of `liveness` with a 1 s deadline) is made
 every 100 ms and a well-behaved scrape every 500 ms (5 s timeout). The attack runs in a process of its
 own, as a neighbour's would:
@@ -41,9 +41,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import common
-from shared.metrics import PATH
-from tests.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowAttack
-from tests.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
+from shared.observability.metrics import PATH
+from tests.support.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowAttack
+from tests.support.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
 
 FULL_SECONDS, QUICK_SECONDS = 30.0, 8.0
 PROBE_EVERY, SCRAPE_EVERY = 0.1, 0.5

@@ -151,7 +151,7 @@ def work_bound_row(quick: bool) -> dict:
 def grpc_row(quick: bool) -> dict:
     """What a running worker adds to the in-process time of the same requests."""
     from scanner.discovery import scan
-    from shared.rbln_smi import RblnSmi
+    from shared.node.rbln_smi import RblnSmi
     from shared.resources import Resource
 
     with common.temporary_node(common.vf64_spec()) as node, \

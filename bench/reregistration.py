@@ -31,7 +31,7 @@ if __package__ in (None, ""):
 
 from bench import common
 from shared.resources import Resource
-from shared.supervisord.client import Supervisor, connect
+from shared.supervision.client import Supervisor, connect
 from simulator.kubelet import KubeletSimulator
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess

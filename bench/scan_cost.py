@@ -26,7 +26,7 @@ if __package__ in (None, ""):
 
 from bench import common
 from scanner.discovery import scan
-from shared.rbln_smi import RblnSmi, SmiListing
+from shared.node.rbln_smi import RblnSmi, SmiListing
 
 SCANS = 200
 QUICK_SCANS = 20

@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from bench import common
-from shared.metrics import PATH
+from shared.observability.metrics import PATH
 
 SCRAPES = 300
 QUICK_SCRAPES = 50

@@ -58,7 +58,7 @@ import grpc
 
 from bench import common
 from rbln_device_plugin.simulate import expected_resources
-from shared.metrics import PATH, metrics_dir
+from shared.observability.metrics import PATH, metrics_dir
 from shared.programs import PROGRAMS
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
@@ -321,59 +321,9 @@ class Scraper:
                     self.wrong.append(f"{resource}: {registered} registered series, {devices:g} devices of {count}")
 
 
-def soak(plan: Plan) -> list[dict]:
-    rng = random.Random(SEED)
-    # A fixed port, as on a node: each watchdog that replaces a killed one listens on it again.
-    port = common.free_port()
-    with common.temporary_node(NodeSpec.parse(NODE)) as node, \
-            common.running_stack(node, SCAN_INTERVAL, METRICS_PORT=str(port)) as (kubelet, stack):
-        flapper = StatusFlapper(node, FLAPPING, random.Random(rng.random()))
-        tally, memory = Tally(), MemoryLog()
-        chaos = Chaos(stack.pid, kubelet, expected_resources(node), plan, random.Random(rng.random()))
-        started = time.monotonic()
-        deadline = started + plan.minutes * 60
-        stop = threading.Event()
-        chaos_thread = threading.Thread(target=chaos.run, args=(deadline, stop), name="soak-chaos")
-        chaos_thread.start()
-        scraper = Scraper(port, node)
-        scraper_thread = threading.Thread(target=scraper.run, args=(deadline, stop), name="soak-scraper")
-        scraper_thread.start()
-        clients = ThreadPoolExecutor(ALLOCATE_CLIENTS, thread_name_prefix="soak-client")
-        pending: list = []
-        next_flap = next_allocate = next_sample = started
-        try:
-            while time.monotonic() < deadline:
-                now = time.monotonic()
-                if now >= next_sample:
-                    memory.sample(stack.pid)
-                    next_sample = now + MEMORY_SAMPLE_SECONDS
-                if now >= next_flap:
-                    flapper.step()
-                    next_flap = now + rng.uniform(0.5, 1.5) / len(FLAPPING)
-                if now >= next_allocate:
-                    pending = [f for f in pending if not f.done()]
-                    if len(pending) < ALLOCATE_CLIENTS:
-                        pending.append(clients.submit(_allocate_once, kubelet, flapper, tally,
-                                                      random.Random(rng.random())))
-                    else:
-                        tally.skipped += 1
-                    next_allocate += 1 / ALLOCATE_RATE
-                time.sleep(max(0.0, min(next_flap, next_allocate, next_sample) - time.monotonic()))
-        finally:
-            stop.set()
-            chaos_thread.join()
-            scraper_thread.join()
-            clients.shutdown(wait=True)
-        elapsed = time.monotonic() - started
-        memory.sample(stack.pid)
-        stack.stop()
-        unexpected = [line for line in stack.stderr_lines if "not expected" in line and "exited:" in line]
-        tracebacks = [line for line in stack.stderr_lines if line.startswith("Traceback")]
-        lines = list(stack.raw_lines)
-        well_formed = sum(_well_formed(line) for line in lines)
-    memory_rows = memory.growth(plan.warm_up, MEMORY_MIN_SAMPLES)
+def _summary(plan: Plan, elapsed: float, tally: Tally, flapper: StatusFlapper, chaos: Chaos, scraper: Scraper,
+             lines: list[str], well_formed: int, crashes: int, memory_rows: list[dict]) -> dict:
     growths = [row["growth_pct"] for row in memory_rows if row["growth_pct"] is not None]
-    crashes = max(0, len(unexpected) - chaos.kills) + len(tracebacks)
     summary = {
         "benchmark": "soak",
         "minutes": plan.minutes,
@@ -402,6 +352,70 @@ def soak(plan: Plan) -> list[dict]:
     summary["met"] = (crashes == 0 and not chaos.lost and not tally.wrong and not tally.other_errors
                       and not scraper.wrong and scraper.scrapes > 0 and summary["json_lines_pct"] == 100.0
                       and all(row["met"] is not False for row in memory_rows))
+    return summary
+
+
+def _drive(deadline: float, rng: random.Random, pid: int, kubelet, flapper: StatusFlapper, tally: Tally,
+           memory: MemoryLog) -> None:
+    """Until `deadline`: memory sampled, device status flapped and Allocate called, each at its pace."""
+    clients = ThreadPoolExecutor(ALLOCATE_CLIENTS, thread_name_prefix="soak-client")
+    pending: list = []
+    next_flap = next_allocate = next_sample = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if now >= next_sample:
+                memory.sample(pid)
+                next_sample = now + MEMORY_SAMPLE_SECONDS
+            if now >= next_flap:
+                flapper.step()
+                next_flap = now + rng.uniform(0.5, 1.5) / len(FLAPPING)
+            if now >= next_allocate:
+                pending = [f for f in pending if not f.done()]
+                if len(pending) < ALLOCATE_CLIENTS:
+                    pending.append(clients.submit(_allocate_once, kubelet, flapper, tally,
+                                                  random.Random(rng.random())))
+                else:
+                    tally.skipped += 1
+                next_allocate += 1 / ALLOCATE_RATE
+            time.sleep(max(0.0, min(next_flap, next_allocate, next_sample) - time.monotonic()))
+    finally:
+        clients.shutdown(wait=True)
+
+
+def soak(plan: Plan) -> list[dict]:
+    rng = random.Random(SEED)
+    # A fixed port, as on a node: each watchdog that replaces a killed one listens on it again.
+    port = common.free_port()
+    with common.temporary_node(NodeSpec.parse(NODE)) as node, \
+            common.running_stack(node, SCAN_INTERVAL, METRICS_PORT=str(port)) as (kubelet, stack):
+        flapper = StatusFlapper(node, FLAPPING, random.Random(rng.random()))
+        tally, memory = Tally(), MemoryLog()
+        chaos = Chaos(stack.pid, kubelet, expected_resources(node), plan, random.Random(rng.random()))
+        started = time.monotonic()
+        deadline = started + plan.minutes * 60
+        stop = threading.Event()
+        chaos_thread = threading.Thread(target=chaos.run, args=(deadline, stop), name="soak-chaos")
+        chaos_thread.start()
+        scraper = Scraper(port, node)
+        scraper_thread = threading.Thread(target=scraper.run, args=(deadline, stop), name="soak-scraper")
+        scraper_thread.start()
+        try:
+            _drive(deadline, rng, stack.pid, kubelet, flapper, tally, memory)
+        finally:
+            stop.set()
+            chaos_thread.join()
+            scraper_thread.join()
+        elapsed = time.monotonic() - started
+        memory.sample(stack.pid)
+        stack.stop()
+        unexpected = [line for line in stack.stderr_lines if "not expected" in line and "exited:" in line]
+        tracebacks = [line for line in stack.stderr_lines if line.startswith("Traceback")]
+        lines = list(stack.raw_lines)
+        well_formed = sum(_well_formed(line) for line in lines)
+    memory_rows = memory.growth(plan.warm_up, MEMORY_MIN_SAMPLES)
+    crashes = max(0, len(unexpected) - chaos.kills) + len(tracebacks)
+    summary = _summary(plan, elapsed, tally, flapper, chaos, scraper, lines, well_formed, crashes, memory_rows)
     details = [{"benchmark": "soak/errors", "other_errors": tally.other_errors[:5], "wrong": tally.wrong[:5],
                 "lost": chaos.lost[:5], "unexpected_exits": unexpected[:5], "tracebacks": len(tracebacks),
                 "wrong_scrapes": scraper.wrong[:5]}] if (

@@ -1,3 +1,5 @@
+"""`python -m dra_worker`: the dra worker process."""
+
 from dra_worker.main import main
 
 main()

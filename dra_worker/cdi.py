@@ -11,11 +11,11 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-from shared.atomic_file import write_atomically
-from shared.cdi_spec import check_spec
-from shared.cdi_spec_dirs import parse_spec_text
+from shared.cdi.spec import check_spec
+from shared.cdi.spec_dirs import parse_spec_text
 from shared.config import DRA_DRIVER
-from shared.device_nodes import DeviceNode
+from shared.fs.atomic_file import write_atomically
+from shared.node.device_nodes import DeviceNode
 
 VENDOR = f"k8s.{DRA_DRIVER}"
 CLASS = "npu"

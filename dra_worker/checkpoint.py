@@ -12,7 +12,7 @@ import json
 import pathlib
 from typing import Any
 
-from shared.atomic_file import write_atomically
+from shared.fs.atomic_file import write_atomically
 
 VERSION = 1
 FILE_NAME = "checkpoint.json"

@@ -11,9 +11,9 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 
-from shared import ipc
-from shared.device_health import Health, HealthHistory
-from shared.inventory import DeviceRecord
+from shared.channels import inventory_protocol
+from shared.node.device_health import Health, HealthHistory
+from shared.node.device_record import DeviceRecord
 from shared.resources import Resource
 
 
@@ -48,7 +48,7 @@ class InventoryState:
         """Called after every snapshot, on the subscriber's thread."""
         # Guards _messages, _history and _current.
         self._lock = threading.Lock()
-        self._messages: dict[Resource, ipc.InventoryMessage] = {}
+        self._messages: dict[Resource, inventory_protocol.InventoryMessage] = {}
         self._history = HealthHistory()
         self._current = NodeInventory({})
 
@@ -56,7 +56,7 @@ class InventoryState:
         with self._lock:
             return self._current
 
-    def on_inventory(self, message: ipc.InventoryMessage) -> None:
+    def on_inventory(self, message: inventory_protocol.InventoryMessage) -> None:
         with self._lock:
             self._messages[message.resource] = message
             devices = {}

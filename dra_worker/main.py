@@ -18,19 +18,19 @@ from dra_worker.publisher import SlicePublisher
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
-from shared import process_status, status_records
-from shared.config import DRA_DRIVER
-from shared.device_status import read_status
-from shared.metrics import recorder_for
-from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.channels import status_files, status_records
+from shared.channels.inventory_subscriber import InventorySubscriber
+from shared.channels.status_records import DraStatus
+from shared.config import DRA_DRIVER, Settings
+from shared.kubelet.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+from shared.node.driver_status import read_status
+from shared.node.rbln_smi import GROUP_COMMANDS, RblnSmi
+from shared.node.rsd_group import RsdGroups
+from shared.observability.metrics import recorder_for
+from shared.observability.tracing import setup_tracing
 from shared.programs import WORKER_DRA
-from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
-from shared.rsd_group import RsdGroups
-from shared.status_records import DraStatus
-from shared.subscriber import InventorySubscriber
-from shared.tracing import setup_tracing
+from shared.supervision.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.version import VERSION
 
 Json = dict[str, Any]
@@ -59,6 +59,17 @@ class LazyApi:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
+
+
+def _follow_inventories(context: zmq.Context, settings: Settings,
+                        inventory: InventoryState) -> list[InventorySubscriber]:
+    """One subscriber per resource, started: the worker offers every device the scanner found."""
+    subscribers = [InventorySubscriber(context, settings.run_dir, resource, inventory.on_inventory,
+                                       heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))
+                   for resource in Resource]
+    for subscriber in subscribers:
+        subscriber.start()
+    return subscribers
 
 
 def main() -> None:
@@ -98,11 +109,7 @@ def main() -> None:
         lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")
 
     context = zmq.Context()
-    subscribers = [InventorySubscriber(context, settings.run_dir, resource, inventory.on_inventory,
-                                       heartbeat_timeout=max(1.0, 3 * settings.device_scan_interval))
-                   for resource in Resource]
-    for subscriber in subscribers:
-        subscriber.start()
+    subscribers = _follow_inventories(context, settings, inventory)
     try:
         dra_server.start()
         registration_server.start()
@@ -121,6 +128,6 @@ def main() -> None:
             subscriber.stop()
         context.term()
         tracer.shutdown()
-        process_status.remove_status(settings.run_dir, WORKER_DRA)
+        status_files.remove_status(settings.run_dir, WORKER_DRA)
     logger.info("Shutdown")
     exit_now(shutdown)

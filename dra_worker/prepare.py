@@ -28,13 +28,13 @@ from dra_worker import cdi
 from dra_worker.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from dra_worker.inventory import NodeInventory, ServedDevice
 from dra_worker.kube import ApiFailure
-from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
+from shared.cdi.annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.config import DRA_DRIVER
-from shared.device_health import Health
-from shared.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
-from shared.device_status import StatusReading
-from shared.hostile_ids import quoted
-from shared.rsd_group import RsdGroupError, RsdGroups, held_flock
+from shared.node.device_health import Health
+from shared.node.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
+from shared.node.driver_status import StatusReading
+from shared.node.rsd_group import RsdGroupError, RsdGroups, held_flock
+from shared.observability.hostile_ids import quoted
 
 Json = dict[str, Any]
 # The bound of one request's claim GETs together, retries included (one read started in time may take its own

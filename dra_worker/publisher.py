@@ -20,7 +20,7 @@ from loguru import logger
 from dra_worker import slices
 from dra_worker.inventory import NodeInventory
 from dra_worker.kube import ApiFailure, Backoff
-from shared.hostile_ids import logged
+from shared.observability.hostile_ids import logged
 
 Json = dict[str, Any]
 # One API call's bound: a publish cycle never stalls for long on a server that does not answer.

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from loguru import logger
 
 from shared.config import DRA_DRIVER
-from shared.pluginregistration.v1 import api_pb2, api_pb2_grpc
+from shared.kubelet.pluginregistration.v1 import api_pb2, api_pb2_grpc
 
 PLUGIN_TYPE = "DRAPlugin"
 # The kubelet takes the first entry it supports: v1 first, v1beta1 for kubelets before 1.34.

@@ -12,12 +12,12 @@ import grpc
 from loguru import logger
 
 from dra_worker.prepare import ClaimRef, ClaimResult, Preparer, elapsed_ms
-from shared.dra.v1 import api_pb2 as v1_pb2
-from shared.dra.v1 import api_pb2_grpc as v1_grpc
-from shared.dra.v1beta1 import api_pb2 as v1beta1_pb2
-from shared.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from shared.metrics import Recorder, Result
-from shared.tracing import AllocationTracer
+from shared.kubelet.dra.v1 import api_pb2 as v1_pb2
+from shared.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
+from shared.kubelet.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from shared.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from shared.observability.metrics import Recorder, Result
+from shared.observability.tracing import AllocationTracer
 
 # Far above any pod's claims; a request with more is refused whole, before any API read.
 MAX_CLAIMS_PER_REQUEST = 256

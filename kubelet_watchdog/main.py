@@ -3,6 +3,7 @@ that cannot recover, answers the pod's liveness and readiness probes and serves 
 
 from __future__ import annotations
 
+import enum
 import os
 import select
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from loguru import logger
 
 from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
+from kubelet_watchdog.kubelet_socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.metrics_server import MetricsEndpoint
 from kubelet_watchdog.probes import (
     Verdict,
@@ -21,15 +23,14 @@ from kubelet_watchdog.probes import (
     publication_deadline,
     readiness,
 )
-from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
 from kubelet_watchdog.stack_watch import ProgramExits, StatusFiles
-from shared.cdi_specs import remove_stale_specs
+from shared.cdi.stale_specs import remove_stale_specs
 from shared.config import ResourceApi, Settings
-from shared.metrics import Recorder, metrics_dir, recorder_for
-from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.observability.metrics import Recorder, metrics_dir, recorder_for
 from shared.programs import PLUGIN_RESTART_SIGNAL, SCANNER, WATCHDOG, WORKER_DRA, WORKERS
-from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping, connect
+from shared.supervision.client import Supervisor, SupervisorError, SupervisorStopping, connect
+from shared.supervision.process_lifecycle import ShutdownSignal, exit_now, start_process
 
 # Program states and status files, for the probes (which the kubelet asks every 10 s), the metrics and to
 # notice a FATAL program. Reading supervisord's table costs this process and supervisord about 2 ms of CPU;
@@ -95,6 +96,18 @@ class HealthEndpoint:
             self._server.stop()
 
 
+class Table(enum.Enum):
+    """What the watchdog knows of supervisord's program table: the state of its checks."""
+
+    # Not read yet, or supervisord did not answer (or a program is FATAL) at the last check: read at the next.
+    UNKNOWN = "unknown"
+    # Read at the last check and judged by; read again at the next, CHECK_INTERVAL later.
+    READ = "read"
+    # Every program runs and its exit is watched: until one exits, supervisord is only asked whether it
+    # answers, every STEADY_CHECK_INTERVAL.
+    STEADY = "steady"
+
+
 class Watchdog:
     def __init__(self, settings: Settings, supervisor: Supervisor, health: HealthEndpoint,
                  metrics: MetricsEndpoint, recorder: Recorder):
@@ -108,13 +121,11 @@ class Watchdog:
         self._run_dir_was_writable = True
         self._status = StatusFiles(settings.run_dir)
         self._exits = ProgramExits()
-        # supervisord's table at the last check; None until it answered, and while it does not.
-        self._programs: dict[str, dict] | None = None
+        self._table = Table.UNKNOWN
+        self._programs: dict[str, dict] | None = None  # the table as read, while READ or STEADY
         # When supervisord is asked next, and when the status files are judged again before that (monotonic).
         self._next_check = 0.0
         self._next_judgement: float | None = None
-        # Every program of `_programs` runs and is watched for its exit: the table stays current until one does.
-        self._steady = False
         # A replaced status file awaits its judgement: its watch is not selected meanwhile (what comes on it
         # is read by that judgement).
         self._settling = False
@@ -142,7 +153,8 @@ class Watchdog:
         now = time.monotonic()
         if self._exits.exited(readable):
             self._exits.close()  # readable from now on; the check watches the new table
-            self._steady = False
+            if self._table is Table.STEADY:
+                self._table = Table.READ
             self._next_check = min(self._next_check, now + EXIT_SETTLE_SECONDS)
         if self._status.watching and self._status.fileno() in readable and self._status.changed():
             self._settling = True
@@ -151,15 +163,16 @@ class Watchdog:
             self._check()
         elif self._next_judgement is not None and now >= self._next_judgement:
             self._next_judgement = None
-            if self._programs is None:
+            if self._table is Table.UNKNOWN:
                 return
+            assert self._programs is not None
             if all_running(self._programs, needed_programs(self._settings.resource_api,
                                                            self._status.read(SCANNER))):
                 self._judge(self._programs)
             else:
                 # The scanner found a resource whose worker the table does not show running: it has just had
                 # supervisord start it, and the table is read again to say so.
-                self._steady = False
+                self._table = Table.READ
                 self._check()
 
     def _judge_at(self, when: float) -> None:
@@ -189,9 +202,8 @@ class Watchdog:
         self._next_check = now + CHECK_INTERVAL
         self._next_judgement = None
         self._settling = False
-        programs = self._programs if self._steady else None
-        self._programs = None
-        self._steady = False
+        programs = self._programs if self._table is Table.STEADY else None
+        self._table, self._programs = Table.UNKNOWN, None
         try:
             if programs is None:
                 self._exits.close()
@@ -227,18 +239,18 @@ class Watchdog:
                 programs = self._supervisor.programs()
             except SupervisorError as exc:  # then they become RUNNING at startsecs, as the table says
                 logger.debug("Cannot confirm started programs", err=str(exc))
-        self._programs = programs
+        self._table, self._programs = Table.READ, programs
         published = self._judge(programs)
         # Steady only while replaced status files are seen at once: otherwise they are judged at every check.
         settled = self._status.watching and published and all_running(
             programs, needed_programs(self._settings.resource_api, self._status.read(SCANNER)))
         if settled and (self._exits.filenos() or self._exits.watch(programs, skip=(os.getpid(),))):
-            self._steady = True
+            self._table = Table.STEADY
             self._next_check = now + STEADY_CHECK_INTERVAL
 
     def _started(self, programs: dict[str, dict]) -> dict[str, int]:
         """The STARTING programs that are up (name: pid): this watchdog, and each whose running instance has
-        written its status file (shared/supervisord/started.py)."""
+        written its status file (shared/fence/supervisord_started.py)."""
         return {name: info["pid"] for name, info in programs.items() if info.get("statename") == "STARTING"
                 and (info.get("pid") == os.getpid() if name == WATCHDOG
                      else current_status(self._status.read(name), programs, name) is not None)}

@@ -20,7 +20,7 @@ from loguru import logger
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from shared import value_files
+from shared.fence import prometheus_value_files
 
 ARCHIVE = "archive"
 _GAUGE_PREFIX = "gauge_"
@@ -105,12 +105,12 @@ class ProcessFilesCollector:
             # Written beside the archive under a name no collection reads, then put in its place at once.
             partial = self._directory / f".{kind}_{ARCHIVE}.partial"
             partial.unlink(missing_ok=True)
-            table = value_files.ValueFile(partial)
+            table = prometheus_value_files.ValueFile(partial)
             try:
                 for metric in merged:
                     for sample in metric.samples:
-                        table.set(value_files.key(metric.name, sample.name, sample.labels, metric.documentation),
-                                  sample.value)
+                        key = prometheus_value_files.key(metric.name, sample.name, sample.labels, metric.documentation)
+                        table.set(key, sample.value)
             finally:
                 table.close()
             os.replace(partial, archive)

@@ -41,7 +41,7 @@ from kubelet_watchdog.serving_loop import (
     shared_loop,
 )
 from kubelet_watchdog.stack_metrics import Sample, StackView, state_samples
-from shared.metrics import PATH, STATE_FAMILIES
+from shared.observability.metrics import PATH, STATE_FAMILIES
 
 # A connection's whole life: its request in, its answer out. Prometheus's own scrape timeout defaults to 10 s,
 # and a scrape is answered in milliseconds.

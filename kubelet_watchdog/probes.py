@@ -7,10 +7,18 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from shared.channels.status_records import (
+    Document,
+    DraStatus,
+    ScannerStatus,
+    StatusRecord,
+    WorkerStatus,
+    decode,
+    decode_scanner,
+)
 from shared.config import ResourceApi
 from shared.programs import SCANNER, WORKER_DRA, expected_programs
 from shared.resources import Resource
-from shared.status_records import Document, DraStatus, ScannerStatus, StatusRecord, WorkerStatus, decode, decode_scanner
 
 # The scanner publishes every interval; three missed publications mean it is stuck.
 STALE_SCANS = 3

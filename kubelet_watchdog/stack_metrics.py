@@ -5,7 +5,7 @@ of every process (the same reads the probes use) and keeps those written by the 
 program. A worker that was killed leaves a file naming its old pid: it is not trusted, and its successor's
 file replaces it, so a resource never has two `registered` series and its
 devices are never counted twice. Status files are the stack's own, but a broken one must not break a
-scrape: values of the wrong type are left out (shared.status_records reads them as absent).
+scrape: values of the wrong type are left out (shared.channels.status_records reads them as absent).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shared.device_health import Health
-from shared.device_status import KernelStatus
-from shared.metrics import (
+from shared.channels.status_records import DraStatus, ScannerStatus, StatusRecord, WorkerStatus
+from shared.node.device_health import Health
+from shared.node.driver_status import KernelStatus
+from shared.observability.metrics import (
     CDI_SPEC_RESOLVABLE,
     DEVICE_STATUS,
     DEVICES,
@@ -30,7 +31,6 @@ from shared.metrics import (
 )
 from shared.programs import WORKER_DRA
 from shared.resources import Resource
-from shared.status_records import DraStatus, ScannerStatus, StatusRecord, WorkerStatus
 
 # The status label's values: the driver's statuses, UNKNOWN for any other number, UNREADABLE without one.
 UNKNOWN_STATUS = "UNKNOWN"

@@ -18,13 +18,14 @@ import select
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from inotify_simple import INotify, flags
 from loguru import logger
 
-from shared import process_status
-from shared.status_records import Document
+from shared.channels import status_files
+from shared.channels.status_records import Document
+from shared.fs import inotify
+from shared.fs.inotify import flags
 
-# A status file is put in place by a rename (shared/process_status.py); a new file by a write. An overflowed
+# A status file is put in place by a rename (shared/channels/status_files.py); a new file by a write. An overflowed
 # queue or a watch that went away says nothing about which file changed: every file is stat'ed again anyway.
 _WATCHED = flags.MOVED_TO | flags.CLOSE_WRITE
 _STATUS_PREFIX = "status-"
@@ -39,6 +40,21 @@ def _identity(path: pathlib.Path) -> _Identity | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+def _run_dir_watch(run_dir: pathlib.Path) -> inotify.Inotify | None:
+    try:
+        watch = inotify.Inotify()
+    except OSError as exc:
+        err = str(exc)
+    else:
+        if watch.watch(run_dir, _WATCHED) is not None:
+            return watch
+        watch.close()
+        err = "the watch was refused"
+    logger.warning("Cannot watch the run dir for status changes; judging the stack every check instead",
+                   path=str(run_dir), err=err)
+    return None
+
+
 class StatusFiles:
     """The status documents of the run dir's processes as last read; `fileno` is readable when a status file
     was replaced since `changed()` was last called. Without an inotify instance (the node's root has used up
@@ -47,16 +63,7 @@ class StatusFiles:
 
     def __init__(self, run_dir: pathlib.Path):
         self._run_dir = run_dir
-        self._inotify: INotify | None = None
-        try:
-            self._inotify = INotify()
-            self._inotify.add_watch(run_dir, _WATCHED)
-        except OSError as exc:
-            if self._inotify is not None:
-                self._inotify.close()
-                self._inotify = None
-            logger.warning("Cannot watch the run dir for status changes; judging the stack every check instead",
-                           path=str(run_dir), err=str(exc))
+        self._inotify = _run_dir_watch(run_dir)
         # Per process: the identity of its file when last read, and what it held.
         self._read: dict[str, tuple[_Identity | None, Document | None]] = {}
 
@@ -72,16 +79,16 @@ class StatusFiles:
         if self._inotify is None:
             return False
         return any(event.mask & flags.Q_OVERFLOW or event.name.startswith(_STATUS_PREFIX)
-                   for event in self._inotify.read(timeout=0))
+                   for event in self._inotify.pending())
 
     def read(self, process: str) -> Document | None:
-        """The document of `process`'s status file (shared.process_status.read_status), read again only when the
+        """The document of `process`'s status file (shared.channels.status_files.read_status), read again only when the
         file is not the one last read."""
-        identity = _identity(process_status.status_file(self._run_dir, process))
+        identity = _identity(status_files.status_file(self._run_dir, process))
         known = self._read.get(process)
         if identity is not None and known is not None and known[0] == identity:
             return known[1]
-        document = process_status.read_status(self._run_dir, process)
+        document = status_files.read_status(self._run_dir, process)
         self._read[process] = (identity, document)
         return document
 

@@ -1,6 +1,6 @@
 """Regenerate the committed Python stubs of the kubelet APIs the project speaks.
 
-    python protos/generate.py            # rewrite shared/<api>/<version>/ for every API
+    python protos/generate.py            # rewrite shared/kubelet/<api>/<version>/ for every API
     python protos/generate.py --out DIR  # write to DIR/<api>/<version>/ instead (the drift test does this)
 
 The stubs are committed so that `pip install .` needs no code generator; the
@@ -18,14 +18,14 @@ PROTO_ROOT = pathlib.Path(__file__).resolve().parent
 # `status` asks which pod holds which device, and for worker-dra the plugin registration API and both
 # versions of the DRA plugin API the kubelet may call.
 APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1")
-DEFAULT_OUT = PROTO_ROOT.parent / "shared"
+DEFAULT_OUT = PROTO_ROOT.parent / "shared" / "kubelet"
 
 
 def _package_import(api: str) -> tuple[str, str]:
-    """protoc names a module by its proto's path; the stubs live in the package shared.<api>.<version>, so
+    """protoc names a module by its proto's path; the stubs live in the package shared.kubelet.<api>.<version>, so
     the gRPC module's import is rewritten to match."""
     module = api.replace("/", ".")
-    return f"from {module} import api_pb2", f"from shared.{module} import api_pb2"
+    return f"from {module} import api_pb2", f"from shared.kubelet.{module} import api_pb2"
 
 
 def generate(out_root: pathlib.Path) -> list[pathlib.Path]:

@@ -1,6 +1,6 @@
 """`rbln-device-plugin logs <process> [-f] [--level L] [--since D]`: one process's records, for a person.
 
-Reads the process's own log files (shared.log writes them as JSON): the rotated
+Reads the process's own log files (shared.observability.log writes them as JSON): the rotated
 ones oldest first, then the current one, and prints each record as a text line.
 With `-f` it keeps printing records as they are written, across rotations,
 until interrupted.
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
-from shared import log
 from shared.durations import parse_duration
+from shared.observability import log
 from shared.programs import ALL_PROGRAMS
 
 FOLLOW_POLL_SECONDS = 0.2

@@ -13,12 +13,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from rbln_device_plugin.mode_exclusivity import other_mode_conflict
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
-from shared.metrics import reset_metrics_dir
-from shared.mode_exclusivity import other_mode_conflict
+from shared.fs.safe_open import ensure_private_dir
+from shared.observability.metrics import reset_metrics_dir
 from shared.programs import autostart_environment
-from shared.safe_open import ensure_private_dir
-from shared.supervisord import transport
+from shared.supervision import transport
 
 PYTHON_ENV = "RBLN_DEVICE_PLUGIN_PYTHON"
 # Every file the stack creates (log files on a hostPath among them) is private to root and its group.

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from rbln_device_plugin import status
 from scanner import feature_file
-from shared.metrics import PATH
+from shared.observability.metrics import PATH
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimDevice, SimulatedNode, build_node

@@ -20,13 +20,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_watchdog.probes import current_status, needed_programs
-from shared import process_status
+from rbln_device_plugin.pod_resources_client import DeviceKey, Holder, PodResourcesUnavailable, device_holders
+from shared.channels import status_files
+from shared.channels.status_records import Document, DraStatus, ScannerStatus, WorkerStatus
 from shared.config import OPTIONS, Option, ResourceApi
-from shared.pod_resources import DeviceKey, Holder, PodResourcesUnavailable, device_holders
 from shared.programs import ALL_PROGRAMS, SCANNER, WORKER_DRA, WORKERS
 from shared.resources import Resource
-from shared.status_records import Document, DraStatus, ScannerStatus, WorkerStatus
-from shared.supervisord.client import SupervisorError, connect
+from shared.supervision.client import SupervisorError, connect
 
 _RUN_DIR = next(option for option in OPTIONS if option.field == "run_dir")
 _POD_RESOURCES = next(option for option in OPTIONS if option.field == "kubelet_pod_resources_socket")
@@ -190,8 +190,8 @@ def gather(run_dir: pathlib.Path, pod_resources_socket: pathlib.Path) -> tuple[d
         holders = device_holders(pod_resources_socket, [r.value for r in Resource])
     except PodResourcesUnavailable as exc:
         pod_resources_error = str(exc)
-    report = build_report(programs, process_status.read_status(run_dir, SCANNER),
-                          {name: process_status.read_status(run_dir, name) for name in (*WORKERS, WORKER_DRA)},
+    report = build_report(programs, status_files.read_status(run_dir, SCANNER),
+                          {name: status_files.read_status(run_dir, name) for name in (*WORKERS, WORKER_DRA)},
                           time.monotonic(), holders, pod_resources_error)
     return report, supervisord_error
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from scanner.discovery import scan
 from shared.config import ConfigError, Settings
-from shared.device_health import judge
-from shared.inventory import DeviceRecord, card_key
-from shared.rbln_smi import RblnSmi
+from shared.node.device_health import judge
+from shared.node.device_record import DeviceRecord, card_key
+from shared.node.rbln_smi import RblnSmi
 from shared.resources import Resource
 
 

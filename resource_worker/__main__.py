@@ -1,3 +1,5 @@
+"""`python -m resource_worker`: the resource worker process."""
+
 from resource_worker.main import main
 
 # The console script (pyproject.toml) names this module's `main`, as it does the scanner's.

@@ -17,19 +17,19 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from resource_worker.device_table import Advertised, DeviceTable
-from shared.cdi_annotation import CdiAnnotation, allocate_annotations
-from shared.device_health import Health
-from shared.device_nodes import (
+from shared.cdi.annotation import CdiAnnotation, allocate_annotations
+from shared.node.device_health import Health
+from shared.node.device_nodes import (
     CONTAINER_RSD_PATH,
     DEVICE_NODE_TIMEOUT,
     DeviceNode,
     first_missing,
     rsd_host_path,
 )
-from shared.device_status import StatusReading
-from shared.hostile_ids import listed, quoted
-from shared.inventory import DeviceRecord
-from shared.rsd_group import GroupChange, RsdGroupError, RsdGroups
+from shared.node.device_record import DeviceRecord
+from shared.node.driver_status import StatusReading
+from shared.node.rsd_group import GroupChange, RsdGroupError, RsdGroups
+from shared.observability.hostile_ids import listed, quoted
 
 
 class ErrorKind(enum.Enum):

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 
 from loguru import logger
 
-from shared.device_health import DeviceHealth, Health, HealthHistory
-from shared.device_status import StatusReading
-from shared.inventory import DeviceRecord
-from shared.ipc import InventoryMessage
+from shared.channels.inventory_protocol import InventoryMessage
+from shared.node.device_health import DeviceHealth, Health, HealthHistory
+from shared.node.device_record import DeviceRecord
+from shared.node.driver_status import StatusReading
 from shared.resources import Resource
 
 

@@ -14,6 +14,9 @@ Register: a worker that notices first stops serving and waits for the order, and
 none comes within HANDOVER_SECONDS of the new kubelet.sock; an order for an instance the kubelet there now
 already has, or for a worker serving nothing, replaces nothing. What the kubelet sees of it is in
 docs/kubelet.md#registration.
+
+Where the worker stands is one value, its `Situation` (no devices, starting, handing over, to register, waiting
+for kubelet.sock, registering, registered); `Phase` is what the kubelet and the status file see of it.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ from typing import Any, Protocol
 from loguru import logger
 
 from resource_worker.device_table import DeviceTable
-from shared import process_status, status_records
-from shared.ipc import InventoryMessage
-from shared.plugin_socket import SocketIdentity, socket_identity
+from shared.channels import status_files, status_records
+from shared.channels.inventory_protocol import InventoryMessage
+from shared.channels.status_records import DeviceState, WorkerStatus
+from shared.kubelet.plugin_socket import SocketIdentity, socket_identity
 from shared.resources import Resource
-from shared.status_records import DeviceState, WorkerStatus
 
 # How often a serving worker looks at its socket when the socket cannot be watched (it may vanish silently).
 IDLE_CHECK_SECONDS = 1.0
@@ -124,11 +127,48 @@ class Backoff:
 
 
 class Phase(enum.Enum):
-    """Where the serving instance stands with the kubelet."""
+    """Where the serving instance stands with the kubelet: what the status file and the probes see of a
+    `Situation`."""
 
     UNREGISTERED = "unregistered"
     REGISTERING = "registering"
     REGISTERED = "registered"
+
+
+class Situation(enum.Enum):
+    """Every situation a worker can be in: the state of its step machine. The worker's other fields are the
+    data of a situation (the instance served, the call in flight, when to try again), never a state of
+    their own."""
+
+    # Nothing to serve (no inventory yet, or none with devices): no instance; waiting for an inventory.
+    NO_DEVICES = "no devices"
+    # Devices and no instance: one is served at the next step, or at `_retry_at` after a failed try.
+    STARTING = "starting"
+    # The kubelet this instance registered with was replaced: serving nothing, waiting for the watchdog's
+    # order, looking for the new kubelet.sock after a growing pause, and once it is there until
+    # `_handover_deadline`. A spell without devices does not end it: the new kubelet still gets one Register.
+    HANDING_OVER = "handing over"
+    # Serving; a Register call is due (at `_retry_at` after a refusal).
+    TO_REGISTER = "to register"
+    # Serving, with no kubelet.sock to register with: looked for again at `_retry_at`.
+    WAITING_FOR_KUBELET = "waiting for kubelet.sock"
+    # Serving; a Register call in flight (`_registration`), whose answer wakes the loop.
+    REGISTERING = "registering"
+    # Serving and registered: nothing to do until a stream ends, the socket goes, or the devices change.
+    REGISTERED = "registered"
+
+    @property
+    def serving(self) -> bool:
+        return self in _SERVING
+
+    @property
+    def phase(self) -> Phase:
+        return _PHASES.get(self, Phase.UNREGISTERED)
+
+
+_SERVING = frozenset({Situation.TO_REGISTER, Situation.WAITING_FOR_KUBELET, Situation.REGISTERING,
+                      Situation.REGISTERED})
+_PHASES = {Situation.REGISTERING: Phase.REGISTERING, Situation.REGISTERED: Phase.REGISTERED}
 
 
 class Worker:
@@ -158,12 +198,12 @@ class Worker:
         # Set by the signal thread when the watchdog orders a restart; cleared by the lifecycle loop.
         self._restart_ordered = threading.Event()
         # The fields below belong to the lifecycle loop's thread.
-        self._server: PluginInstance | None = None
-        self._phase = Phase.UNREGISTERED
-        self._registration: PendingRegistration | None = None
-        self._asked_kubelet: SocketIdentity | None = None  # the kubelet.sock the last Register call went to
-        self._handing_over = False  # waiting for the watchdog's restart after a kubelet restart
-        self._handover_deadline: float | None = None  # when a new kubelet.sock is there: the end of the wait
+        self._situation = Situation.NO_DEVICES
+        self._server: PluginInstance | None = None  # the instance served, in the serving situations
+        self._registration: PendingRegistration | None = None  # the call in flight, while REGISTERING
+        # The kubelet.sock the last Register call went to: the kubelet that knows this instance, if any.
+        self._asked_kubelet: SocketIdentity | None = None
+        self._handover_deadline: float | None = None  # HANDING_OVER with a new kubelet.sock: the end of the wait
         self._retry_at = 0.0
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
@@ -173,8 +213,12 @@ class Worker:
         self._scanned_at: float | None = None
 
     @property
+    def situation(self) -> Situation:
+        return self._situation
+
+    @property
     def phase(self) -> Phase:
-        return self._phase
+        return self._situation.phase
 
     @property
     def serving(self) -> bool:
@@ -201,7 +245,7 @@ class Worker:
             self._attention.clear()
         if self._server is not None:
             self._stop_serving()
-        process_status.remove_status(self._run_dir, self._resource.process_name)
+        status_files.remove_status(self._run_dir, self._resource.process_name)
 
     def step(self) -> float | None:
         """One step towards the desired state, then the status file brought up to date; returns how long to
@@ -214,7 +258,7 @@ class Worker:
         """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
         devices = self.table.devices()
         healthy = sum(1 for d in devices if d.healthy)
-        status = WorkerStatus(resource=self._resource.value, registered=self._phase is Phase.REGISTERED,
+        status = WorkerStatus(resource=self._resource.value, registered=self._situation is Situation.REGISTERED,
                               streams=self._server.streams.open_streams if self._server else 0,
                               endpoint=self._server.socket_name if self._server else None,
                               scanned_at=self._scanned_at, device_count=len(devices), healthy_count=healthy,
@@ -226,43 +270,60 @@ class Worker:
             self._reported = status
 
     def _step(self) -> float | None:
+        # The kubelet's replacement is known one way: kubelet.sock's identity, looked at once per step, against
+        # the one the last Register call went to. The watchdog's order is the go-ahead to restart for it.
+        kubelet = self._kubelet_identity()
         if self._restart_ordered.is_set():
             self._restart_ordered.clear()
-            self._restart_plugin()
+            self._obey_restart(kubelet)
         if not (self.table.synced and self.table.devices()):
-            if self._server is not None:
-                self._stop_serving()
-                # A later instance for this resource starts with no health history, and meets whichever
-                # kubelet is there then as a newcomer.
-                self.table.forget_history()
-                self._end_handover(forget_kubelet=True)
-                logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
-            return UNTIL_SIGNALLED
-        # A kubelet restart removes the socket and ends the stream too; then the handover below says what happens.
-        if self._server is not None and not self._server.socket_exists:
-            if not self._kubelet_replaced():
-                logger.warning("Device plugin socket was removed; serving on a new one",
-                               resourceName=self._resource.value, endpoint=self._server.socket_name)
-            self._stop_serving()
-        if self._server is not None and self._phase is Phase.REGISTERED and self._server.streams.take_dropped():
-            if not self._kubelet_replaced():
-                logger.warning("Kubelet ended the device list stream; registering again",
-                               resourceName=self._resource.value)
-            self._phase = Phase.UNREGISTERED
-        if self._phase is Phase.UNREGISTERED:
-            handover = self._await_replacement()
+            return self._without_devices()
+        if self._situation is Situation.NO_DEVICES:
+            self._situation = Situation.STARTING
+        if self._situation.serving:
+            self._check_instance(kubelet)
+        if self._situation.phase is Phase.UNREGISTERED:
+            handover = self._await_replacement(kubelet)
             if handover is not None:
                 return handover
-        if self._server is None:
+        if self._situation is Situation.STARTING:
             started = self._start_serving()
             if started is not None:
                 return started
-            assert self._server is not None
-        if self._phase is Phase.REGISTERING:
-            return self._finish_registration(self._server)
-        if self._phase is Phase.UNREGISTERED:
-            return self._register(self._server)
-        return _idle(self._server)
+        server = self._server
+        assert server is not None, f"{self._situation} without an instance"
+        if self._situation is Situation.REGISTERING:
+            return self._finish_registration(server)
+        if self._situation is Situation.REGISTERED:
+            return _idle(server)
+        return self._register(server, kubelet)
+
+    def _without_devices(self) -> float | None:
+        if self._situation.serving:
+            self._stop_serving()
+            # A later instance for this resource starts with no health history, and meets whichever kubelet is
+            # there then as a newcomer.
+            self.table.forget_history()
+            self._asked_kubelet = None
+            logger.info("Stopped device plugin for absent resource", resourceName=self._resource.value)
+        if self._situation is Situation.STARTING:
+            self._situation = Situation.NO_DEVICES
+        return UNTIL_SIGNALLED
+
+    def _check_instance(self, kubelet: SocketIdentity | None) -> None:
+        """A serving instance whose socket is gone is replaced; one whose stream the kubelet ended registers
+        again. A kubelet restart does both; then the handover says what happens, and no warning is due."""
+        assert self._server is not None
+        if not self._server.socket_exists:
+            if not self._kubelet_replaced(kubelet):
+                logger.warning("Device plugin socket was removed; serving on a new one",
+                               resourceName=self._resource.value, endpoint=self._server.socket_name)
+            self._stop_serving()
+        elif self._situation is Situation.REGISTERED and self._server.streams.take_dropped():
+            if not self._kubelet_replaced(kubelet):
+                logger.warning("Kubelet ended the device list stream; registering again",
+                               resourceName=self._resource.value)
+            self._situation = Situation.TO_REGISTER
 
     def _start_serving(self) -> float | None:
         """A new instance, serving: None once it is; else the pause before the next try. Serving's parts are
@@ -281,19 +342,20 @@ class Worker:
             self._log_wait("ERROR", "Cannot serve the device plugin; retrying", err=str(exc))
             return self._retry_later(now)
         self._server = server
+        self._situation = Situation.TO_REGISTER
         return None
 
-    def _register(self, server: PluginInstance) -> float | None:
+    def _register(self, server: PluginInstance, kubelet: SocketIdentity | None) -> float | None:
         now = self._clock()
         if now < self._retry_at:
             return self._retry_at - now
-        kubelet = self._kubelet_identity()
         if kubelet is None:
             self._log_wait("INFO", "Waiting for the kubelet socket", path=str(self._kubelet_socket))
+            self._situation = Situation.WAITING_FOR_KUBELET
             return self._retry_later(now)
         self._asked_kubelet = kubelet
         self._registration = server.register(self._kubelet_socket, self.wake)
-        self._phase = Phase.REGISTERING
+        self._situation = Situation.REGISTERING
         return _idle(server)
 
     def _finish_registration(self, server: PluginInstance) -> float | None:
@@ -306,45 +368,44 @@ class Worker:
             registration.result()
         except RegistrationError as exc:
             self._log_wait("WARNING", "Registration with kubelet failed; retrying", err=str(exc))
-            self._phase = Phase.UNREGISTERED
+            self._situation = Situation.TO_REGISTER
             return self._retry_later(self._clock())
-        self._phase = Phase.REGISTERED
+        self._situation = Situation.REGISTERED
         self._waiting_for = None
         self._backoff.reset()
         server.log_registered()
         return _idle(server)
 
-    def _restart_plugin(self) -> None:
+    def _obey_restart(self, kubelet: SocketIdentity | None) -> None:
         """Obey the watchdog's order: the instance a replaced kubelet knew goes, and with it the devices' health
         history; the steps that follow serve a new one and register it with the kubelet there now."""
         # The watchdog saw a new kubelet.sock: whatever registration is due can be tried now.
         self._retry_at = 0.0
         self._backoff.reset()
-        kubelet = self._kubelet_identity()
-        if self._asked_kubelet is None or self._asked_kubelet == kubelet:
+        if not self._kubelet_replaced(kubelet):
             return  # no kubelet has this instance yet (or none serves), or the one there now already has it
         logger.info("Restarting device plugin for the new kubelet", resourceName=self._resource.value)
         if self._server is not None:
             self._stop_serving()
         self.table.forget_history()
-        self._end_handover(forget_kubelet=True)
+        self._end_handover()
+        self._asked_kubelet = None
         self._waiting_for = None
 
-    def _await_replacement(self) -> float | None:
+    def _await_replacement(self, kubelet: SocketIdentity | None) -> float | None:
         """While the kubelet this instance called Register on has been replaced, not serving and waiting for the
         watchdog's order: how long to wait before looking again; None once there is nothing to wait for."""
-        kubelet = self._kubelet_identity()
-        if self._asked_kubelet is None or kubelet == self._asked_kubelet:
+        if not self._kubelet_replaced(kubelet):
             # The same kubelet after all (its socket was only out of sight for a moment): nothing to wait for.
-            self._end_handover(forget_kubelet=False)
+            self._end_handover()
             return None
-        if not self._handing_over:
-            self._handing_over = True
+        if self._situation is not Situation.HANDING_OVER:
             self._socket_lookup.reset()
             logger.info("Kubelet restarted; waiting for the watchdog's order to restart the device plugin",
                         resourceName=self._resource.value)
             if self._server is not None:
                 self._stop_serving()
+            self._situation = Situation.HANDING_OVER
         if kubelet is None:
             # The new kubelet has no socket yet: the watchdog's order is still to come. Looked for again after
             # a growing pause, as at the start: the kubelet may be down for long.
@@ -356,18 +417,18 @@ class Worker:
             return self._handover_deadline - now
         logger.warning("No restart came after the kubelet restarted; registering with the new kubelet",
                        resourceName=self._resource.value)
-        self._end_handover(forget_kubelet=True)
+        self._end_handover()
+        self._asked_kubelet = None  # the instance to come is new to the kubelet there
         return None
 
-    def _end_handover(self, forget_kubelet: bool) -> None:
-        """No longer waiting for the watchdog's order; `forget_kubelet`: the next Register goes to whichever
-        kubelet is there, this instance (or its successor) being new to it."""
-        self._handing_over, self._handover_deadline = False, None
-        if forget_kubelet:
-            self._asked_kubelet = None
+    def _end_handover(self) -> None:
+        """No longer waiting for the watchdog's order: an instance is to be served."""
+        if self._situation is Situation.HANDING_OVER:
+            self._situation = Situation.STARTING
+        self._handover_deadline = None
 
-    def _kubelet_replaced(self) -> bool:
-        return self._asked_kubelet is not None and self._kubelet_identity() != self._asked_kubelet
+    def _kubelet_replaced(self, kubelet: SocketIdentity | None) -> bool:
+        return self._asked_kubelet is not None and kubelet != self._asked_kubelet
 
     def _log_wait(self, level: str, message: str, **fields: Any) -> None:
         """Say why the worker is not registered yet, once per reason; retries for the same reason log at debug."""
@@ -381,13 +442,14 @@ class Worker:
         return delay
 
     def _stop_serving(self) -> None:
+        """The instance stopped, its call in flight cancelled: STARTING, unless the caller says otherwise."""
         assert self._server is not None
         if self._registration is not None:
             self._registration.cancel()
             self._registration = None
         self._server.stop()
         self._server = None
-        self._phase = Phase.UNREGISTERED
+        self._situation = Situation.STARTING
 
 
 def _idle(server: PluginInstance) -> float | None:

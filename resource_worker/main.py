@@ -19,17 +19,17 @@ from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable
 from resource_worker.lifecycle import PluginInstance, Worker
 from resource_worker.plugin_server import PluginServer
+from shared.channels.inventory_subscriber import InventorySubscriber
 from shared.config import Settings
-from shared.device_status import read_status
-from shared.metrics import recorder_for
-from shared.plugin_socket import remove_stale_sockets
-from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.kubelet.plugin_socket import remove_stale_sockets
+from shared.node.driver_status import read_status
+from shared.node.rbln_smi import GROUP_COMMANDS, RblnSmi
+from shared.node.rsd_group import RsdGroups
+from shared.observability.metrics import recorder_for
+from shared.observability.tracing import AllocationTracer, setup_tracing
 from shared.programs import PLUGIN_RESTART_SIGNAL
-from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
-from shared.rsd_group import RsdGroups
-from shared.subscriber import InventorySubscriber
-from shared.tracing import AllocationTracer, setup_tracing
+from shared.supervision.process_lifecycle import ShutdownSignal, exit_now, start_process
 from shared.version import VERSION
 
 

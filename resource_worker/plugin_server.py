@@ -23,13 +23,13 @@ from resource_worker.device_table import DeviceTable, counts, device_fields, log
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from resource_worker.streams import StreamTracker
-from shared.deviceplugin.v1beta1 import api_pb2_grpc
-from shared.metrics import Recorder
-from shared.plugin_socket import new_socket_name
-from shared.tracing import AllocationTracer
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2_grpc
+from shared.kubelet.plugin_socket import new_socket_name
+from shared.observability.metrics import Recorder
+from shared.observability.tracing import AllocationTracer
 
 if TYPE_CHECKING:
-    from resource_worker.socket_watch import SocketWatch
+    from resource_worker.plugin_socket_watch import SocketWatch
 
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
 SERVER_THREADS = 16
@@ -74,7 +74,7 @@ class PluginServer:
         """Watch the socket, once the first Register is on its way: a process's first watch costs some 10 ms
         (inotify_simple's imports, its look-up of libc), which the registration need not wait for."""
         if self._socket_watch is None:
-            from resource_worker.socket_watch import shared_watch
+            from resource_worker.plugin_socket_watch import shared_watch
 
             self._socket_watch = shared_watch()
         if self._socket_watch is not None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import grpc
 
 from resource_worker.lifecycle import RegistrationError
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 API_VERSION = "v1beta1"
 # The kubelet dials back within Register with a 10 s timeout; leave it room.

@@ -33,11 +33,11 @@ from resource_worker.placement import (
     place,
 )
 from resource_worker.streams import StreamTracker
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from shared.hostile_ids import logged
-from shared.inventory import DeviceRecord
-from shared.metrics import Recorder, Result
-from shared.tracing import AllocateTrace, AllocationTracer, ContainerSpan
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.node.device_record import DeviceRecord
+from shared.observability.hostile_ids import logged
+from shared.observability.metrics import Recorder, Result
+from shared.observability.tracing import AllocateTrace, AllocationTracer, ContainerSpan
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _STATUS_CODES = {

@@ -1,6 +1,8 @@
-from shared import loguru_asyncio
+"""`python -m scanner`: the scanner process."""
 
-# Before anything imports loguru (shared/loguru_asyncio.py): the scanner never needs asyncio.
+from shared.fence import loguru_asyncio
+
+# Before anything imports loguru (shared/fence/loguru_asyncio.py): the scanner never needs asyncio.
 loguru_asyncio.install()
 
 from scanner.main import main  # noqa: E402

@@ -1,6 +1,6 @@
 """Whether the CDI device the Allocate annotation names resolves in the spec dirs, and saying so.
 
-The scanner checks at start and at every scan (shared/cdi_spec_dirs.py rereads only what changed), publishes
+The scanner checks at start and at every scan (shared/cdi/spec_dirs.py rereads only what changed), publishes
 the verdict with each inventory snapshot (a worker's Allocate decides from it) and keeps it in its status
 file (`rbln-device-plugin status`, the metric). It logs once at start and again whenever the verdict or the
 set of refused specs changes, never on a steady state.
@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 
 from loguru import logger
 
-from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
-from shared.cdi_spec import resolve
-from shared.cdi_spec_dirs import SpecDirs
-from shared.status_records import CdiCheck, RefusedSpec
+from shared.cdi.annotation import RUNTIME_DEVICE, CdiAnnotation
+from shared.cdi.spec import resolve
+from shared.cdi.spec_dirs import SpecDirs
+from shared.channels.status_records import CdiCheck, RefusedSpec
 
 # Refused specs a record or the status file lists: a hostile dir must not make either large.
 _MAX_LISTED = 16

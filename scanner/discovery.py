@@ -7,13 +7,13 @@ import pathlib
 import time
 from collections.abc import Callable
 
-from shared.device_status import read_status
-from shared.inventory import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
-from shared.ipc import MAX_DEVICES
-from shared.pci_path import PciPaths
-from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
+from scanner.pci_path import PciPaths
+from shared.channels.inventory_protocol import MAX_DEVICES
+from shared.node.device_record import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
+from shared.node.driver_status import read_status
+from shared.node.rbln_smi import RblnSmi, RblnSmiError, SmiDevice
+from shared.node.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov, read_attribute
 from shared.resources import Resource
-from shared.sriov import SriovError, SriovKind, SriovRole, numa_node, probe_sriov, read_attribute
 
 Clock = Callable[[], int]
 

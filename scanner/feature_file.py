@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 
 from loguru import logger
 
+from shared.fs.atomic_file import temp_path, write_atomically
+
 # How long NFD keeps the labels of a file nobody renews (Rebellions' feature discovery uses one hour too).
 LIFETIME_SECONDS = 3600.0
 EXPIRY_DIRECTIVE = "# +expiry-time="
@@ -54,32 +56,6 @@ def renewal_margin(lifetime: float, scan_interval: float) -> float:
     """Rewrite an unchanged file once less than this is left: half its lifetime, and never less than two
     scan intervals, so that a late scan still renews it in time."""
     return max(lifetime / 2, 2 * scan_interval)
-
-
-def temp_path(path: pathlib.Path) -> pathlib.Path:
-    """Where the next text of `path` is written first: a dot name, which NFD's local source skips, in the
-    same directory (one filesystem). One name per file, so a temp file a killed writer left is replaced by
-    the next write and removed at stop, never piling up in NFD's directory."""
-    return path.with_name(f".{path.name}.tmp")
-
-
-def write_atomically(path: pathlib.Path, text: str) -> None:
-    """Replace `path` with `text` in one step: NFD reads the old file or the new one, never a part."""
-    temp = temp_path(path)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            data = text.encode()
-            while data:
-                data = data[os.write(fd, data):]
-            os.fchmod(fd, 0o644)  # readable by nfd-worker whatever the umask
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 def _identity(path: pathlib.Path) -> tuple[int, int, int] | None:
@@ -125,7 +101,7 @@ class FeatureFile:
                 self._overwrite_reported = True
         expires_at = now + self._lifetime
         try:
-            write_atomically(self.path, render(labels, expires_at))
+            write_atomically(self.path, render(labels, expires_at).encode())
         except OSError as exc:
             if not self._failing:
                 logger.error("Cannot write the node feature file; node labels are not kept until it can be written",

@@ -14,17 +14,17 @@ from scanner.feature_file import FeatureFile
 from scanner.node_labels import NodeFacts, derive_labels
 from scanner.publisher import InventoryPublisher
 from scanner.worker_demand import WorkerDemand, absent_grace, supervisord_orders
-from shared import ipc, process_status, status_records
-from shared.cdi_specs import remove_stale_specs
+from shared.cdi.stale_specs import remove_stale_specs
+from shared.channels import inventory_protocol, status_files, status_records
+from shared.channels.status_records import ScannerStatus
 from shared.config import RUN_DIR_ENV, ResourceApi, Settings
-from shared.device_health import Health, HealthHistory
-from shared.metrics import Recorder, recorder_for
-from shared.process_lifecycle import ShutdownSignal, exit_now, start_process
+from shared.fs.safe_open import ensure_private_dir
+from shared.node.device_health import Health, HealthHistory
+from shared.node.rbln_smi import RblnSmi, SmiCommand
+from shared.observability.metrics import Recorder, recorder_for
 from shared.programs import SCANNER
-from shared.rbln_smi import RblnSmi, SmiCommand
 from shared.resources import Resource
-from shared.safe_open import ensure_private_dir
-from shared.status_records import ScannerStatus
+from shared.supervision.process_lifecycle import ShutdownSignal, exit_now, start_process
 
 
 class ScanReporter:
@@ -60,7 +60,7 @@ class ScanReporter:
 class NodeLabeller:
     """Turns each scan into the node's labels and keeps them in NFD_FEATURE_FILE.
 
-    Health is judged as the workers judge it (shared.device_health), with a history of its own, so
+    Health is judged as the workers judge it (shared.node.device_health), with a history of its own, so
     `npu.healthy` counts the devices the kubelet is told are Healthy."""
 
     def __init__(self, feature_file: FeatureFile) -> None:
@@ -134,7 +134,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             scanned_at = time.monotonic_ns()
             for resource, devices in result.inventories.items():
                 sequence[resource] += 1
-                publisher.publish(ipc.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
+                publisher.publish(inventory_protocol.InventoryMessage(resource, epoch, sequence[resource], scanned_at,
                                                        devices, result.error, cdi_state.resolvable,
                                                        result.driver_version))
             # The value files and their zero series are made once the first scan is published, not before: the
@@ -155,7 +155,7 @@ def run(settings: Settings, shutdown: ShutdownSignal, metrics: Recorder) -> None
             labeller.remove()
         publisher.stop()
         context.term()
-        process_status.remove_status(settings.run_dir, SCANNER)
+        status_files.remove_status(settings.run_dir, SCANNER)
 
 
 def main() -> None:

@@ -18,13 +18,13 @@ import time
 import zmq
 from loguru import logger
 
-from shared import ipc
+from shared.channels import inventory_protocol
 from shared.resources import Resource
 
 _STOP = b"$STOP"
 _SNAPSHOT_REQUEST_MAX_BYTES = 256
 _pipe_names = itertools.count()
-_TOPICS = frozenset(ipc.topic(resource) for resource in Resource)
+_TOPICS = frozenset(inventory_protocol.topic(resource) for resource in Resource)
 # The socket files are checked (see _BoundSocket) after each publication, which a scan's wake-up brings
 # anyway, and at least this often, so that a long scan interval leaves no lost file for long either.
 _FILE_CHECK_SECONDS = 10.0
@@ -35,7 +35,7 @@ _MAX_WAITING = 64
 class InventoryPublisher:
     def __init__(self, context: zmq.Context, run_dir: pathlib.Path):
         self._context = context
-        self._pub_endpoint, self._snapshot_endpoint = ipc.endpoints(run_dir)
+        self._pub_endpoint, self._snapshot_endpoint = inventory_protocol.endpoints(run_dir)
         self._pipe_endpoint = f"inproc://inventory-publisher-{next(_pipe_names)}"
         self._ready = threading.Event()
         self._startup_error: Exception | None = None
@@ -50,10 +50,10 @@ class InventoryPublisher:
         self._pipe = self._context.socket(zmq.PAIR)
         self._pipe.connect(self._pipe_endpoint)
 
-    def publish(self, message: ipc.InventoryMessage) -> None:
+    def publish(self, message: inventory_protocol.InventoryMessage) -> None:
         """Queue a message for publication (called from the thread that called start())."""
         assert self._pipe is not None
-        self._pipe.send_multipart([ipc.topic(message.resource), ipc.encode(message)])
+        self._pipe.send_multipart([inventory_protocol.topic(message.resource), inventory_protocol.encode(message)])
 
     def stop(self) -> None:
         if self._pipe is not None:
@@ -97,14 +97,14 @@ class InventoryPublisher:
                 latest[topic] = payload
                 pub.socket.send_multipart([topic, payload])
                 for identity, _topic in [w for w in waiting if w[1] == topic]:
-                    router.socket.send_multipart([identity, ipc.SNAPSHOT_REPLY, payload])
+                    router.socket.send_multipart([identity, inventory_protocol.SNAPSHOT_REPLY, payload])
                 waiting = [w for w in waiting if w[1] != topic]
             if router.socket in events:
                 frames = router.socket.recv_multipart()
-                if len(frames) != 3 or frames[1] != ipc.SNAPSHOT_REQUEST or frames[2] not in _TOPICS:
+                if len(frames) != 3 or frames[1] != inventory_protocol.SNAPSHOT_REQUEST or frames[2] not in _TOPICS:
                     logger.warning("Ignored malformed snapshot request", frames=len(frames))
                 elif frames[2] in latest:
-                    router.socket.send_multipart([frames[0], ipc.SNAPSHOT_REPLY, latest[frames[2]]])
+                    router.socket.send_multipart([frames[0], inventory_protocol.SNAPSHOT_REPLY, latest[frames[2]]])
                 elif len(waiting) < _MAX_WAITING:
                     waiting.append((frames[0], frames[2]))
             if pipe in events or time.monotonic() >= next_check:
@@ -138,7 +138,7 @@ class _BoundSocket:
             sock.setsockopt(zmq.MAXMSGSIZE, _SNAPSHOT_REQUEST_MAX_BYTES)
         try:
             sock.bind(self._endpoint)
-            ipc.restrict_endpoint(self._endpoint)
+            inventory_protocol.restrict_endpoint(self._endpoint)
             info = os.stat(self._path)
         except BaseException:
             sock.close()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from loguru import logger
 
 from shared.resources import Resource
-from shared.supervisord import transport
+from shared.supervision import transport
 
 # A resource gone from this many scans in a row loses its worker, or sooner at long scan intervals: a node whose
 # partitioning changed runs only the workers it needs within half a minute (5 s scans: 15 s).

@@ -17,10 +17,10 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shared import ipc
-from shared.cdi_annotation import CdiAnnotation
+from shared.cdi.annotation import CdiAnnotation
+from shared.channels import inventory_protocol
 from shared.durations import format_duration, parse_duration
-from shared.plugin_socket import longest_socket_name
+from shared.kubelet.plugin_socket import longest_socket_name
 
 # supervisord's control socket in the run dir (supervisor.conf names it too).
 SUPERVISOR_SOCKET = "supervisor.sock"
@@ -264,7 +264,8 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(f"invalid {option.env} {text!r}: {exc}") from None
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
-        run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
+        run_dir_sockets = (inventory_protocol.UPDATES_SOCKET, inventory_protocol.SNAPSHOT_SOCKET,
+                           SUPERVISOR_SOCKET_WHILE_BINDING)
         _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
         _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, DRA_SOCKET, "KUBELET_PLUGINS_PATH")
         _check_socket_room(values["kubelet_plugin_registry_path"], DRA_REGISTRATION_SOCKET,

@@ -35,9 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from shared.podresources.v1 import api_pb2 as podresources_pb2
-from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet.podresources.v1 import api_pb2 as podresources_pb2
+from shared.kubelet.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
 from simulator.kubelet_views import DeviceView, RegistrationRecord, ResourceView
 from simulator.plugin_connection import PluginConnection
 from simulator.pod_resources import Assignment, PodResourcesService, allocatable, pod_resources, reassign

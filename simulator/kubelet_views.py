@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from shared.deviceplugin.v1beta1 import api_pb2
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2
 
 
 class DeviceView(NamedTuple):

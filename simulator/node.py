@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from shared.fs.atomic_file import write_atomically
 from simulator import smi_state
 from simulator.pci import SimDevice, plan
 from simulator.rbln_smi_standin import FAULTS
@@ -141,7 +142,7 @@ class SimulatedNode:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         data = value if isinstance(value, bytes) else (f"{value}\n" if isinstance(value, int) else value).encode()
-        _replace(path, data)
+        _replace_whole(path, data)
 
     def kernel_version_file(self, device_id: str) -> pathlib.Path:
         return self.sysfs_root / "class" / "rebellions" / device_id / "kernel_version"
@@ -152,7 +153,7 @@ class SimulatedNode:
             state["kmd_version"] = version
         for device in self.inventory:
             if not device.is_vf:
-                _replace(self.kernel_version_file(device.device), f"{version}\n".encode())
+                _replace_whole(self.kernel_version_file(device.device), f"{version}\n".encode())
 
     def remove_device(self, device_id: str) -> None:
         """Hide the device from rbln-smi output; its sysfs entries and /dev node stay."""
@@ -218,11 +219,9 @@ def build_node(root: pathlib.Path, spec: NodeSpec, smi_python: str = sys.executa
     return node
 
 
-def _replace(path: pathlib.Path, data: bytes) -> None:
-    # Readers of sysfs-like files must never see a half-written value.
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_bytes(data)
-    os.replace(temp, path)
+def _replace_whole(path: pathlib.Path, data: bytes) -> None:
+    """Readers of sysfs-like files must never see a half-written value; a simulated node needs no fsync."""
+    write_atomically(path, data, durable=False)
 
 
 def _write_sysfs(node: SimulatedNode) -> None:
@@ -259,7 +258,7 @@ def _write_sysfs(node: SimulatedNode) -> None:
         for j, vf in enumerate(vfs):
             (directory / f"virtfn{j}").symlink_to(f"../{vf.bus_id}")
         node.set_status(device.device, 0)
-        _replace(node.kernel_version_file(device.device), f"{KMD_VERSION}\n".encode())
+        _replace_whole(node.kernel_version_file(device.device), f"{KMD_VERSION}\n".encode())
 
 
 def _smi_entry(device: SimDevice) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 
 class PluginConnection:

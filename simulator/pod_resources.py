@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import grpc
 
-from shared.podresources.v1 import api_pb2 as podresources_pb2
-from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
+from shared.kubelet.podresources.v1 import api_pb2 as podresources_pb2
+from shared.kubelet.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
 
 NumaNodes = Callable[[str, str], Sequence[int]]
 """(resource, device ID) -> the NUMA nodes the plugin advertised for the device, none when unknown."""

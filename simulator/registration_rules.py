@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from shared.deviceplugin.v1beta1 import api_pb2
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 

@@ -22,7 +22,7 @@ from resource_worker.placement.request import (
     candidate_from_record,
 )
 from resource_worker.placement.score import Score, score
-from shared.inventory import card_key
+from shared.node.device_record import card_key
 
 __all__ = ["WORK_BUDGET", "Candidate", "Placement", "PlacementCheckError", "PlacementRequestError", "Score",
            "candidate_from_record", "card_key", "place", "preferred_allocation", "score"]

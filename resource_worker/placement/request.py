@@ -13,9 +13,9 @@ import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from shared.hostile_ids import listed
-from shared.inventory import DeviceRecord, card_key
-from shared.sriov import parse_numa
+from shared.node.device_record import DeviceRecord, card_key
+from shared.node.sriov import parse_numa
+from shared.observability.hostile_ids import listed
 
 
 @dataclasses.dataclass(frozen=True)

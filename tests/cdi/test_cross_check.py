@@ -1,5 +1,5 @@
-"""The parser (shared/cdi_spec.py, shared/cdi_spec_dirs.py) held to the CDI reference library on the seeded
-family of tests/cdi_spec_family.py: for every file, the same verdict (valid or refused) and, when valid, the
+"""The parser (shared/cdi/spec.py, shared/cdi/spec_dirs.py) held to the CDI reference library on the seeded
+family of tests/support/cdi_spec_family.py: for every file, the same verdict (valid or refused) and, when valid, the
 same devices; and across dirs, the same answer on whether rebellions.ai/npu=runtime resolves."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from shared.cdi_annotation import RUNTIME_DEVICE
-from shared.cdi_spec import resolve
-from shared.cdi_spec_dirs import SpecDirs, read_spec
-from tests.cdi_spec_family import MUTATIONS, family
+from shared.cdi.annotation import RUNTIME_DEVICE
+from shared.cdi.spec import resolve
+from shared.cdi.spec_dirs import SpecDirs, read_spec
+from tests.support.cdi_spec_family import MUTATIONS, family
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -69,7 +69,7 @@ def test_resolving_across_dirs_is_the_library_s(tmp_path, reference):
 
 
 def test_the_library_names_the_stack_s_transient_specs_as_the_housekeeping_removes_them(reference):
-    from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
+    from shared.cdi.stale_specs import TRANSIENT_SPEC_PREFIX
 
     prefix, _ = reference.ask([])
     assert prefix == TRANSIENT_SPEC_PREFIX

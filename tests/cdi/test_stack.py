@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from shared import process_status
-from shared.cdi_annotation import ANNOTATION_KEY, RUNTIME_DEVICE, CdiAnnotation
-from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
+from shared.cdi.annotation import ANNOTATION_KEY, RUNTIME_DEVICE, CdiAnnotation
+from shared.cdi.stale_specs import TRANSIENT_SPEC_PREFIX
+from shared.channels import status_files
 from simulator.stack import ENTRYPOINT
-from tests.cdi_spec_family import EDGE_FILES
+from tests.support.cdi_spec_family import EDGE_FILES
 from tests.support.metrics_scrape import metrics_port, value, wait_for_scrape
 from tests.support.waiting import wait_until
 
@@ -43,7 +43,7 @@ def status_report(node) -> dict:
 def await_worker_verdict(node, resolvable: bool, timeout: float = 20.0) -> None:
     """Until the npu worker's latest snapshot says `resolvable`: its next Allocate goes by it."""
     def verdict_is_reached() -> bool:
-        status = process_status.read_status(node.run_dir, "worker-npu") or {}
+        status = status_files.read_status(node.run_dir, "worker-npu") or {}
         return status.get("cdiResolvable") is resolvable
     wait_until(verdict_is_reached, timeout, f"the worker's verdict to become resolvable={resolvable}")
 

@@ -114,7 +114,7 @@ CLUSTER_WORK=$WORK CLUSTER_HARNESS=$HARNESS CONTAINERD_BIN=$CONTAINERD_BIN \
 PYTEST_STATUS=$?
 
 # Counts from the JUnit report; an error, a skip or a missing report is no pass.
-read -r PASSED FAILED < <("$PYTHON" tests/junit_counts.py "$WORK/report.xml")
+read -r PASSED FAILED < <("$PYTHON" tests/support/junit_counts.py "$WORK/report.xml")
 say "done"
 echo "$PASSED passed, $FAILED failed"
 [ "$PYTEST_STATUS" = 0 ] && [ "$FAILED" = 0 ] && [ "$PASSED" -gt 0 ]

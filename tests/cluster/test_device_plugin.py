@@ -7,7 +7,7 @@ import json
 import pathlib
 import time
 
-from shared.device_status import KernelStatus
+from shared.node.driver_status import KernelStatus
 from tests.cluster.scenarios import (
     IMAGE_REPOSITORY,
     NAMESPACE,

@@ -50,6 +50,6 @@ KUBELET_HARNESS="$WORK/kubelet-harness" "$PYTHON" -m pytest -c "$HERE/pytest.ini
 PYTEST_STATUS=$?
 
 # Counts from the JUnit report; an error, a skip or a missing report is no pass.
-read -r PASSED FAILED < <("$PYTHON" tests/junit_counts.py "$WORK/report.xml")
+read -r PASSED FAILED < <("$PYTHON" tests/support/junit_counts.py "$WORK/report.xml")
 echo "$PASSED passed, $FAILED failed"
 [ "$PYTEST_STATUS" = 0 ] && [ "$FAILED" = 0 ] && [ "$PASSED" -gt 0 ]

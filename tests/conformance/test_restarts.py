@@ -6,7 +6,7 @@ import os
 import signal
 import stat
 
-from shared.supervisord.client import connect
+from shared.supervision.client import connect
 from tests.conformance.kubelet_harness import NPU, VF1, VF4, pod
 
 MIXED_NODE = "2,1:vf1,1:vf4"

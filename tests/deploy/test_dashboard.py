@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from shared import metrics
-from shared.metrics import FAMILIES, Kind
+from shared.observability import metrics
+from shared.observability.metrics import FAMILIES, Kind
 from tests.support.dashboard import load, queries
 
 METRIC_NAME = re.compile(r"\brbln_device_plugin_[a-z0-9_]+")

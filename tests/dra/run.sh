@@ -54,6 +54,6 @@ DRA_HARNESS="$WORK/dra-harness" CDI_CHECKER="$WORK/cdi-checker" "$PYTHON" -m pyt
 PYTEST_STATUS=$?
 
 # Counts from the JUnit report; an error, a skip or a missing report is no pass.
-read -r PASSED FAILED < <("$PYTHON" tests/junit_counts.py "$WORK/report.xml")
+read -r PASSED FAILED < <("$PYTHON" tests/support/junit_counts.py "$WORK/report.xml")
 echo "$PASSED passed, $FAILED failed"
 [ "$PYTEST_STATUS" = 0 ] && [ "$FAILED" = 0 ] && [ "$PASSED" -gt 0 ]

@@ -9,12 +9,12 @@ import signal
 
 import pytest
 
-from shared.cdi_annotation import RUNTIME_DEVICE
-from shared.supervisord.client import connect
+from shared.cdi.annotation import RUNTIME_DEVICE
+from shared.supervision.client import connect
 from tests.cdi.reference import ReferenceLibrary
-from tests.cdi_spec_family import EDGE_FILES
 from tests.conformance.kubelet_harness import HarnessError
 from tests.dra.dra_harness import claim, exactly, pod
+from tests.support.cdi_spec_family import EDGE_FILES
 from tests.support.waiting import wait_until
 
 NPU_CLASS = "npu.rebellions.ai"

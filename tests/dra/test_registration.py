@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from shared.pluginregistration.v1 import api_pb2 as registration
-from shared.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+from shared.kubelet.pluginregistration.v1 import api_pb2 as registration
+from shared.kubelet.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from tests.dra.dra_harness import DRIVER
 from tests.support.waiting import wait_until
 

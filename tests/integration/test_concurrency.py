@@ -8,7 +8,7 @@ import threading
 
 import grpc
 
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.resources import Resource
 from tests.support.contract import all_healthy
 from tests.support.node_state import change_in_progress, non_default_groups

@@ -23,7 +23,7 @@ HARNESS = """
 import json, os, pathlib, signal, sys, threading
 
 import dra_worker.main
-from shared.process_status import read_status
+from shared.channels.status_files import read_status
 
 at_import = sorted(sys.modules)
 run_dir, report = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
@@ -49,7 +49,7 @@ NEVER = ("opentelemetry", "prometheus_client", "resource_worker", "scanner", "ku
          "lightkube.models.resource_v1", "lightkube.resources.resource_v1")
 # Not before the first API call (made by the slice publisher once the worker serves).
 API_CLIENT = ("lightkube", "httpx2", "httpcore2", "yaml")
-# Only for the question asked of supervisord at shutdown (shared/supervisord/transport.py).
+# Only for the question asked of supervisord at shutdown (shared/supervision/transport.py).
 AT_SHUTDOWN = ("configparser", "xml")
 
 

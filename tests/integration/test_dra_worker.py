@@ -19,14 +19,14 @@ import subprocess
 import grpc
 import pytest
 
-from shared.dra.v1 import api_pb2 as v1
-from shared.dra.v1 import api_pb2_grpc as v1_grpc
-from shared.dra.v1beta1 import api_pb2 as v1beta1
-from shared.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from shared.pluginregistration.v1 import api_pb2 as reg
-from shared.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from shared.process_status import read_status
-from shared.supervisord.client import connect
+from shared.channels.status_files import read_status
+from shared.kubelet.dra.v1 import api_pb2 as v1
+from shared.kubelet.dra.v1 import api_pb2_grpc as v1_grpc
+from shared.kubelet.dra.v1beta1 import api_pb2 as v1beta1
+from shared.kubelet.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from shared.kubelet.pluginregistration.v1 import api_pb2 as reg
+from shared.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from shared.supervision.client import connect
 from simulator.stack import RUN_COMMAND
 from tests.fake_kube_api import FakeKubeApi
 
@@ -194,7 +194,7 @@ def test_a_node_serves_its_npus_one_way_only(make_node, start_stack, api):
 
 
 def test_the_stack_s_metrics_count_prepares_prepared_claims_and_slice_publishes(make_node, start_stack, api):
-    from shared.metrics import FAMILIES
+    from shared.observability.metrics import FAMILIES
     from tests.support.metrics_scrape import families, metrics_port, scrape_text, value, wait_for_scrape
 
     node = make_node("1")

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from shared.cdi_specs import TRANSIENT_SPEC_PREFIX
+from shared.cdi.stale_specs import TRANSIENT_SPEC_PREFIX
 from shared.config import ResourceApi
 from shared.programs import expected_programs
 from shared.resources import Resource

@@ -17,8 +17,8 @@ import pytest
 
 from rbln_device_plugin.simulate import expected_resources
 from resource_worker.allocation import DEVICE_NODE_TIMEOUT
-from shared import ipc
-from shared.rbln_smi import LIST_TIMEOUT
+from shared.channels import inventory_protocol
+from shared.node.rbln_smi import LIST_TIMEOUT
 from shared.resources import Resource
 from simulator import hostile
 from simulator.smi_state import GROUP_CHANGES
@@ -262,7 +262,7 @@ def test_deleted_ipc_sockets_are_bound_again_and_a_restarted_worker_resyncs(make
     node = make_node("2")
     stack = start_stack(node)
     kubelet.wait_for_devices(NPU, all_healthy(["rbln0", "rbln1"]), timeout=30)
-    paths = [pathlib.Path(endpoint.removeprefix("ipc://")) for endpoint in ipc.endpoints(node.run_dir)]
+    paths = [pathlib.Path(endpoint.removeprefix("ipc://")) for endpoint in inventory_protocol.endpoints(node.run_dir)]
     for path in paths:
         path.unlink()
     rebound = stack.wait_for_record("IPC socket file was removed or replaced; binding it again", count=2)

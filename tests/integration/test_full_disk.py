@@ -12,7 +12,7 @@ import pathlib
 import sys
 
 from shared.programs import WORKERS
-from shared.supervisord.client import server_proxy
+from shared.supervision.client import server_proxy
 from simulator.node import SimulatedNode
 from simulator.stack import ENTRYPOINT, StackProcess
 from tests.support.metrics_scrape import scrape_text

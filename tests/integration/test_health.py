@@ -7,7 +7,7 @@ import signal
 import grpc
 import pytest
 
-from shared import process_status
+from shared.channels import status_files
 from shared.resources import Resource
 from simulator import smi_state
 from tests.support.contract import assert_contract_response
@@ -29,7 +29,7 @@ def recoveries_logged_as_unreadable(stack):
 
 
 def pid_of(node, process):
-    return process_status.read_status(node.run_dir, process)["pid"]
+    return status_files.read_status(node.run_dir, process)["pid"]
 
 
 @contextlib.contextmanager

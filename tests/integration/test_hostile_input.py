@@ -34,10 +34,10 @@ from loguru import logger
 
 from resource_worker.streams import MAX_OPEN_STREAMS
 from scanner.publisher import InventoryPublisher
-from shared import ipc
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.channels import inventory_protocol
+from shared.channels.inventory_subscriber import InventorySubscriber
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.resources import Resource
-from shared.subscriber import InventorySubscriber
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
@@ -377,12 +377,13 @@ def test_junk_on_the_scanners_snapshot_socket_is_refused_and_nothing_else_change
     node, stack = served.node, served.stack
     scanner = process_pid(node, "scanner")
     warned = len(stack.find("Ignored malformed snapshot request"))
-    _, snapshot_endpoint = ipc.endpoints(node.run_dir)
+    _, snapshot_endpoint = inventory_protocol.endpoints(node.run_dir)
     context = zmq.Context()
     try:
-        junk = [[b""], [b"junk"], [ipc.SNAPSHOT_REQUEST], [ipc.SNAPSHOT_REQUEST, b"nvidia.com/gpu;"],
-                [ipc.SNAPSHOT_REQUEST, NPU.encode()], [ipc.SNAPSHOT_REQUEST, ipc.topic(Resource.NPU), b"extra"],
-                [ipc.SNAPSHOT_REPLY, ipc.encode(message())], [b"\xff" * 200] * 3]
+        request, reply = inventory_protocol.SNAPSHOT_REQUEST, inventory_protocol.SNAPSHOT_REPLY
+        junk = [[b""], [b"junk"], [request], [request, b"nvidia.com/gpu;"],
+                [request, NPU.encode()], [request, inventory_protocol.topic(Resource.NPU), b"extra"],
+                [reply, inventory_protocol.encode(message())], [b"\xff" * 200] * 3]
         rogue = context.socket(zmq.DEALER)
         rogue.setsockopt(zmq.LINGER, 0)
         rogue.connect(snapshot_endpoint)
@@ -391,18 +392,18 @@ def test_junk_on_the_scanners_snapshot_socket_is_refused_and_nothing_else_change
         oversized = context.socket(zmq.DEALER)  # over the request size limit: ZeroMQ drops the peer
         oversized.setsockopt(zmq.LINGER, 0)
         oversized.connect(snapshot_endpoint)
-        oversized.send_multipart([ipc.SNAPSHOT_REQUEST, b"x" * 1_000_000])
+        oversized.send_multipart([inventory_protocol.SNAPSHOT_REQUEST, b"x" * 1_000_000])
         stack.wait_for_record("Ignored malformed snapshot request", count=warned + len(junk))
         assert rogue.poll(500) == 0  # no answer to junk
 
         honest = context.socket(zmq.DEALER)
         honest.setsockopt(zmq.LINGER, 0)
         honest.connect(snapshot_endpoint)
-        honest.send_multipart([ipc.SNAPSHOT_REQUEST, ipc.topic(Resource.NPU)])
+        honest.send_multipart([inventory_protocol.SNAPSHOT_REQUEST, inventory_protocol.topic(Resource.NPU)])
         assert honest.poll(5000)
         reply, payload = honest.recv_multipart()
-        assert reply == ipc.SNAPSHOT_REPLY
-        assert sorted(d.device_id for d in ipc.decode(payload).devices) == ["rbln0", "rbln1", "rbln2"]
+        assert reply == inventory_protocol.SNAPSHOT_REPLY
+        assert sorted(d.device_id for d in inventory_protocol.decode(payload).devices) == ["rbln0", "rbln1", "rbln2"]
     finally:
         context.destroy(linger=0)
     node.set_status("rbln1", 4)
@@ -458,7 +459,7 @@ def _inet_sockets(table: str) -> list[tuple[str, int, str]]:
 def test_private_files_are_private_and_the_only_tcp_listener_is_the_health_port(served):
     node = served.node
     assert stat.S_IMODE(node.run_dir.stat().st_mode) == 0o700
-    for endpoint in ipc.endpoints(node.run_dir):
+    for endpoint in inventory_protocol.endpoints(node.run_dir):
         assert stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode) == 0o600
     run_dir_sockets = [p for p in node.run_dir.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]
     assert len(run_dir_sockets) >= 3  # two IPC sockets and supervisord's
@@ -477,7 +478,7 @@ def test_private_files_are_private_and_the_only_tcp_listener_is_the_health_port(
 # The worker's side of the IPC protocol, in process
 
 def _wire_devices():
-    good = msgpack.unpackb(ipc.encode(message()))["devices"][0]
+    good = msgpack.unpackb(inventory_protocol.encode(message()))["devices"][0]
     return st.lists(st.fixed_dictionaries({key: st.one_of(st.just(value), st.none(), st.integers(-2**63, 2**63 - 1),
                                                          st.text(max_size=20), st.lists(st.text(max_size=20),
                                                                                         max_size=3))
@@ -494,10 +495,11 @@ def _wire_devices():
 ))
 def test_decode_accepts_only_well_formed_messages_and_refuses_the_rest_with_a_protocol_error(raw):
     try:
-        decoded = ipc.decode(raw)
-    except ipc.ProtocolError:
+        decoded = inventory_protocol.decode(raw)
+    except inventory_protocol.ProtocolError:
         return
-    assert ipc.decode(ipc.encode(decoded)) == decoded  # what is accepted survives a round trip unchanged
+    # What is accepted survives a round trip unchanged.
+    assert inventory_protocol.decode(inventory_protocol.encode(decoded)) == decoded
 
 
 def test_a_subscriber_keeps_its_last_good_state_through_junk_updates(short_tmp):
@@ -512,15 +514,15 @@ def test_a_subscriber_keeps_its_last_good_state_through_junk_updates(short_tmp):
         publisher.publish(message(seq=1))
         subscriber.start()
         assert received.get(timeout=10).seq == 1
-        topic = ipc.topic(Resource.NPU)
+        topic = inventory_protocol.topic(Resource.NPU)
         junk = [[topic, b"\xc1"], [topic, msgpack.packb({"v": 2})],
-                [topic, ipc.encode(message(seq=2, resource=Resource.NPU_VF4))],
-                [topic, ipc.encode(message(seq=2, devices=(record(), record())))],
-                [topic, ipc.encode(message(seq=2, devices=(record("../rbln0"),)))]]
+                [topic, inventory_protocol.encode(message(seq=2, resource=Resource.NPU_VF4))],
+                [topic, inventory_protocol.encode(message(seq=2, devices=(record(), record())))],
+                [topic, inventory_protocol.encode(message(seq=2, devices=(record("../rbln0"),)))]]
         refused = "Ignored malformed inventory message; keeping the last good state"
         wait_until(lambda: send_all(publisher, junk) and refused in warnings, 10, "the junk to be refused")
         # Oversized junk last: ZeroMQ drops the connection on it, which would hide the junk above.
-        send_all(publisher, [[topic, b"\x00" * (ipc.MAX_MESSAGE_BYTES + 1)]])
+        send_all(publisher, [[topic, b"\x00" * (inventory_protocol.MAX_MESSAGE_BYTES + 1)]])
         assert received.empty()
         # The oversized junk made ZeroMQ end the connection for good (a protocol error is not retried):
         # the missed heartbeat makes the subscriber start a new session, which gets the next good state.

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from shared.config import ResourceApi
-from shared.metrics import DRA_ONLY_FAMILIES, FAMILIES, metrics_dir
+from shared.observability.metrics import DRA_ONLY_FAMILIES, FAMILIES, metrics_dir
 from shared.programs import expected_programs
 from shared.resources import Resource
 from simulator.stack import ENTRYPOINT

@@ -15,8 +15,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from rbln_device_plugin import logs as logs_command
-from shared import tracing
 from shared.config import ResourceApi
+from shared.observability import tracing
 from shared.programs import expected_programs
 from shared.resources import Resource
 from shared.version import VERSION

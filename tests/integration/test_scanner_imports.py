@@ -33,7 +33,7 @@ threading.Thread(target=watch, daemon=True).start()
 sys.argv = ["scanner"]
 runpy.run_module("scanner", run_name="__main__", alter_sys=True)
 """
-# asyncio (loguru's, shared/loguru_asyncio.py) and what it brings; OpenSSL's hashes (hashlib, hmac: the
+# asyncio (loguru's, shared/fence/loguru_asyncio.py) and what it brings; OpenSSL's hashes (hashlib, hmac: the
 # random names need only os.urandom); uuid (platform); PyYAML, for a YAML CDI spec
 # only (the node has none); the other programs' own libraries and code; the web's modules.
 NEVER = ("asyncio", "ssl", "_hashlib", "hmac", "concurrent", "uuid", "yaml", "grpc", "google.protobuf",

@@ -18,14 +18,14 @@ import grpc
 
 from kubelet_watchdog import health_server, metrics_server
 from kubelet_watchdog.main import STEADY_CHECK_INTERVAL
-from shared.rbln_smi import TOOL_ENVIRONMENT
-from shared.supervisord import transport
-from shared.supervisord.client import server_proxy
+from shared.node.rbln_smi import TOOL_ENVIRONMENT
+from shared.supervision import transport
+from shared.supervision.client import server_proxy
 from simulator import smi_state
 from simulator.node import SimulatedNode
 from simulator.stack import ENTRYPOINT, StackProcess
-from tests.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
-from tests.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
+from tests.support.hostile_http2 import CHECK, CHECK_WITHOUT_REQUEST, WATCH, ZeroWindowAttack
+from tests.support.hostile_tcp import IdleConnections, ScrapeFlood, Slowloris
 from tests.support.metrics_scrape import scrape_text
 from tests.support.ports import free_port
 from tests.support.supervision import (

@@ -4,7 +4,7 @@
 import grpc
 import pytest
 
-from shared import process_status
+from shared.channels import status_files
 from shared.resources import Resource
 from tests.support.contract import HEALTHY, all_healthy, assert_contract_response
 from tests.support.supervision import program_info
@@ -37,7 +37,7 @@ def test_pf_only_node_registers_npu_only(make_node, kubelet, start_stack):
 
 def loaded_libraries(node, process: str, timeout: float = 20.0) -> str:
     """The file names mapped into `process` (its pid from the status file it writes once it runs)."""
-    status = wait_until(lambda: process_status.read_status(node.run_dir, process), timeout,
+    status = wait_until(lambda: status_files.read_status(node.run_dir, process), timeout,
                         f"{process} to write its status file")
     pid = status["pid"]
     with open(f"/proc/{pid}/maps") as maps:

@@ -12,10 +12,10 @@ import time
 import grpc
 import pytest
 
-from shared.log import parse_timestamp
+from shared.observability.log import parse_timestamp
 from shared.programs import PROGRAMS, SCANNER, WATCHDOG, WORKERS
 from shared.resources import Resource
-from shared.supervisord.client import server_proxy
+from shared.supervision.client import server_proxy
 from simulator.kubelet import KubeletSimulator
 from tests.support.ports import free_port, listening_ports
 from tests.support.supervision import (

@@ -1,4 +1,4 @@
-"""supervisord's `[rpcinterface:started]` (shared/supervisord/started.py) as supervisor.conf configures it, in a
+"""supervisord's `[rpcinterface:started]` (shared/fence/supervisord_started.py) as supervisor.conf configures it, in a
 real supervisord: a program confirmed up is RUNNING at once, long before its `startsecs`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import xmlrpc.client
 
 import pytest
 
-from shared.supervisord.client import connect, server_proxy
+from shared.supervision.client import connect, server_proxy
 from tests.support.supervisord_conf import ROOT, base_conf, hook_section
 from tests.support.waiting import wait_until
 

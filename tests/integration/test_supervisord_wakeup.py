@@ -1,4 +1,4 @@
-"""supervisord's loop, woken by shared/supervisord/wakeup.py: real supervisord (recording each poll of its
+"""supervisord's loop, woken by shared/fence/supervisord_wakeup.py: real supervisord (recording each poll of its
 loop, tests/support/supervisord_probe.py) with the hook configured as supervisor.conf configures it.
 
 Without the hook, supervisord polls with a one-second timeout and acts only after a poll returns: it
@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from shared.supervisord.client import server_proxy
+from shared.supervision.client import server_proxy
 from tests.support.supervisord_conf import base_conf, hook_section
 from tests.support.waiting import wait_until
 

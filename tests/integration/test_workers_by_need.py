@@ -14,7 +14,7 @@ import json
 import os
 import pathlib
 
-from shared.process_status import status_file
+from shared.channels.status_files import status_file
 from shared.programs import SCANNER, WATCHDOG
 from shared.resources import Resource
 from tests.support.ports import free_port

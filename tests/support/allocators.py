@@ -7,10 +7,10 @@ import threading
 
 from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable
-from shared.device_status import StatusReading
-from shared.rbln_smi import SmiUsage
+from shared.node.driver_status import StatusReading
+from shared.node.rbln_smi import SmiUsage
+from shared.node.rsd_group import GroupChange, RsdGroupError
 from shared.resources import Resource
-from shared.rsd_group import GroupChange, RsdGroupError
 from tests.support.inventory import message, record
 
 READY, FAULT = StatusReading(0), StatusReading(4)

@@ -7,9 +7,9 @@ from typing import Any
 
 from dra_worker.inventory import InventoryState
 from scanner.discovery import scan
-from shared import ipc
+from shared.channels import inventory_protocol
 from shared.config import DRA_DRIVER
-from shared.rbln_smi import RblnSmi
+from shared.node.rbln_smi import RblnSmi
 from simulator.node import NodeSpec, PfSpec, SimulatedNode, build_node
 
 NODE = "node-a"
@@ -23,8 +23,8 @@ def feed(state: InventoryState, node: SimulatedNode, seq: int = 1, cdi_resolvabl
     """One scan of the node, handed in as the scanner's three snapshots would be."""
     result = scan(RblnSmi(node.rbln_smi), node.sysfs_root)
     for resource, devices in result.inventories.items():
-        state.on_inventory(ipc.InventoryMessage(resource, "epoch", seq, 0, devices, result.error, cdi_resolvable,
-                                                result.driver_version))
+        state.on_inventory(inventory_protocol.InventoryMessage(resource, "epoch", seq, 0, devices, result.error,
+                                                               cdi_resolvable, result.driver_version))
 
 
 def claim(uid: str, devices: list[str], name: str | None = None, namespace: str = "default",

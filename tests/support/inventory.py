@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shared import ipc
-from shared.device_status import StatusReading
-from shared.inventory import DeviceRecord
+from shared.channels import inventory_protocol
+from shared.node.device_record import DeviceRecord
+from shared.node.driver_status import StatusReading
 from shared.resources import Resource
 
 
@@ -22,4 +22,4 @@ RECORD = record()
 def message(devices=(RECORD,), **overrides):
     fields = dict(resource=Resource.NPU, epoch="e1", seq=1, scanned_at_ns=5, devices=tuple(devices))
     fields.update(overrides)
-    return ipc.InventoryMessage(**fields)
+    return inventory_protocol.InventoryMessage(**fields)

@@ -11,7 +11,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from shared.metrics import PATH
+from shared.observability.metrics import PATH
 from simulator.stack import StackProcess
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -6,7 +6,7 @@ import fcntl
 import pathlib
 import time
 
-from shared import process_status
+from shared.channels import status_files
 from simulator.node import SimulatedNode
 from simulator.smi_state import CHANGE_LOCK
 from tests.support.waiting import wait_until
@@ -20,7 +20,7 @@ def change_in_progress(node: SimulatedNode) -> bool:
 
 
 def process_pid(node, process: str) -> int | None:
-    status = process_status.read_status(node.run_dir, process)
+    status = status_files.read_status(node.run_dir, process)
     return status["pid"] if status else None
 
 
@@ -29,7 +29,7 @@ def await_scans(node, count: int = 2, timeout: float = 20.0) -> None:
     since = time.monotonic()
     for _ in range(count):
         def scanned_after(moment=since):
-            status = process_status.read_status(node.run_dir, "scanner")
+            status = status_files.read_status(node.run_dir, "scanner")
             return status["monotonic"] if status and status["monotonic"] > moment else None
         since = wait_until(scanned_after, timeout, "a scan")
 

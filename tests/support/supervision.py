@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from shared.programs import WORKERS
 from shared.resources import Resource
-from shared.supervisord.client import connect
+from shared.supervision.client import connect
 from simulator.stack import ENTRYPOINT
 from tests.support.waiting import wait_until
 

@@ -6,7 +6,7 @@ import configparser
 import pathlib
 import textwrap
 
-from shared.supervisord import transport
+from shared.supervision import transport
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

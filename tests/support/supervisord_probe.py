@@ -7,7 +7,7 @@
     python -m tests.support.supervisord_probe -n -c <conf>
 
 With PROBE_NO_WAKEUP_FD set, the interpreter refuses a signal wakeup fd (as it does off the main thread),
-so that shared/supervisord/wakeup.py cannot install.
+so that shared/fence/supervisord_wakeup.py cannot install.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from scanner.cdi_watch import CONSEQUENCES, CdiWatch
-from shared import cdi_spec_dirs
-from shared.cdi_annotation import ANNOTATION_KEY, RUNTIME_DEVICE, CdiAnnotation, allocate_annotations
-from shared.cdi_spec import (
+from shared.cdi import spec_dirs
+from shared.cdi.annotation import ANNOTATION_KEY, RUNTIME_DEVICE, CdiAnnotation, allocate_annotations
+from shared.cdi.spec import (
     LoadedSpec,
     Scalar,
     SpecDevices,
@@ -28,9 +28,9 @@ from shared.cdi_spec import (
     resolve,
     vendor_or_class_error,
 )
-from shared.cdi_spec_dirs import MAX_SPEC_BYTES, MAX_SPECS_PER_DIR, SpecDirs, parse_spec_text, read_spec
+from shared.cdi.spec_dirs import MAX_SPEC_BYTES, MAX_SPECS_PER_DIR, SpecDirs, parse_spec_text, read_spec
 from shared.config import ConfigError, Settings
-from tests.cdi_spec_family import MUTATIONS, family
+from tests.support.cdi_spec_family import MUTATIONS, family
 
 TOOLKIT_SPEC = """---
 cdiVersion: 0.5.0
@@ -111,7 +111,7 @@ def test_the_version_must_cover_the_features_used():
 
 
 def test_required_version_is_the_newest_feature_s():
-    from shared.cdi_spec import _SPEC
+    from shared.cdi.spec import _SPEC
 
     decoded = _SPEC(_spec(annotations={"a": Scalar("b")}), "spec")
     assert required_version(decoded) == "0.6.0"
@@ -169,8 +169,8 @@ def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path, monk
     spec = tmp_path / "rbln.yaml"
     spec.write_text(TOOLKIT_SPEC)
     reads: list[str] = []
-    real = cdi_spec_dirs.read_spec
-    monkeypatch.setattr(cdi_spec_dirs, "read_spec", lambda path, index: (reads.append(path), real(path, index))[1])
+    real = spec_dirs.read_spec
+    monkeypatch.setattr(spec_dirs, "read_spec", lambda path, index: (reads.append(path), real(path, index))[1])
     now = [time.time_ns()]
     dirs = SpecDirs([tmp_path, tmp_path / "missing"], clock=lambda: now[0])
     # Read within a second of the file's last change: it may change again within the same clock tick.
@@ -191,7 +191,7 @@ def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path, monk
 def test_yaml_is_imported_only_when_a_spec_is_not_json(tmp_path):
     (tmp_path / "gpu.json").write_text(json.dumps({"cdiVersion": "0.3.0", "kind": "example.com/gpu", "devices": [
         {"name": "g0", "containerEdits": {"env": ["A=1"]}}]}))
-    program = ("import sys, pathlib; from shared.cdi_spec_dirs import SpecDirs; "
+    program = ("import sys, pathlib; from shared.cdi.spec_dirs import SpecDirs; "
                f"SpecDirs([pathlib.Path({str(tmp_path)!r})]).read(); print('yaml' in sys.modules)")
     run = [sys.executable, "-c", program]
     assert subprocess.run(run, capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -4,7 +4,7 @@ import pytest
 
 from shared.config import MAX_SCAN_INTERVAL_SECONDS, OPTIONS, SUPERVISOR_SOCKET_WHILE_BINDING, ConfigError, Settings
 from shared.durations import format_duration, parse_duration
-from shared.plugin_socket import longest_socket_name, new_socket_name
+from shared.kubelet.plugin_socket import longest_socket_name, new_socket_name
 from shared.resources import Resource
 
 

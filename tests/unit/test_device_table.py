@@ -8,10 +8,10 @@ import pytest
 
 from resource_worker.allocation import AllocationError, Allocator, ErrorKind
 from resource_worker.device_table import DeviceTable
-from shared.device_status import UNREADABLE, StatusReading
-from shared.rbln_smi import RblnSmi
+from shared.node.driver_status import UNREADABLE, StatusReading
+from shared.node.rbln_smi import RblnSmi
+from shared.node.rsd_group import RsdGroups
 from shared.resources import Resource
-from shared.rsd_group import RsdGroups
 from tests.support.inventory import message, record
 
 READY, BUSY, FAULT = StatusReading(0), StatusReading(1), StatusReading(4)

@@ -11,12 +11,12 @@ import threading
 import pytest
 
 from scanner.discovery import ScanResult, scan
-from shared.cdi_specs import TRANSIENT_SPEC_PREFIX, remove_stale_specs
-from shared.device_status import UNREADABLE, read_status
-from shared.ipc import MAX_DEVICES
-from shared.rbln_smi import CallResult, RblnSmi
+from shared.cdi.stale_specs import TRANSIENT_SPEC_PREFIX, remove_stale_specs
+from shared.channels.inventory_protocol import MAX_DEVICES
+from shared.node.driver_status import UNREADABLE, read_status
+from shared.node.rbln_smi import CallResult, RblnSmi
+from shared.node.sriov import SriovError, probe_sriov, read_attribute
 from shared.resources import Resource
-from shared.sriov import SriovError, probe_sriov, read_attribute
 from simulator import hostile
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec

@@ -8,9 +8,9 @@ import pathlib
 import re
 import subprocess
 
-from shared import log
 from shared.config import OPTIONS
-from shared.metrics import FAMILIES
+from shared.observability import log
+from shared.observability.metrics import FAMILIES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

@@ -13,12 +13,12 @@ from dra_worker import cdi
 from dra_worker.checkpoint import Checkpoint
 from dra_worker.inventory import InventoryState
 from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer
-from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
-from shared.cdi_spec import check_spec
-from shared.cdi_spec_dirs import parse_spec_text
-from shared.device_status import read_status
-from shared.rbln_smi import RblnSmi
-from shared.rsd_group import RsdGroups
+from shared.cdi.annotation import RUNTIME_DEVICE, CdiAnnotation
+from shared.cdi.spec import check_spec
+from shared.cdi.spec_dirs import parse_spec_text
+from shared.node.driver_status import read_status
+from shared.node.rbln_smi import RblnSmi
+from shared.node.rsd_group import RsdGroups
 from tests.support.dra import NODE, ClaimStore, claim, feed, simulated_node
 
 
@@ -240,7 +240,7 @@ def test_the_toolkit_s_device_is_named_as_cdi_annotation_says_and_a_missing_spec
 
 def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, world, monkeypatch):
     from dra_worker import prepare
-    from shared.rsd_group import held_flock
+    from shared.node.rsd_group import held_flock
 
     store, _state, preparer = world
     monkeypatch.setattr(prepare, "SERIALIZE_TIMEOUT", 0.2)

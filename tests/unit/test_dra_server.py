@@ -12,7 +12,7 @@ import pytest
 
 from dra_worker.registration import SUPPORTED_VERSIONS, RegistrationService
 from dra_worker.server import UnixServer
-from shared.pluginregistration.v1 import api_pb2, api_pb2_grpc
+from shared.kubelet.pluginregistration.v1 import api_pb2, api_pb2_grpc
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import pytest
 
 from dra_worker.prepare import ClaimRef
 from dra_worker.servicer import DraPlugin
-from shared.dra.v1 import api_pb2 as v1_pb2
-from shared.dra.v1beta1 import api_pb2 as v1beta1_pb2
-from shared.metrics import Recorder
-from shared.tracing import AllocationTracer
+from shared.kubelet.dra.v1 import api_pb2 as v1_pb2
+from shared.kubelet.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from shared.observability.metrics import Recorder
+from shared.observability.tracing import AllocationTracer
 
 
 class RaisingPreparer:

@@ -9,9 +9,9 @@ import pytest
 from dra_worker import slices
 from dra_worker.inventory import InventoryState, NodeInventory, ServedDevice
 from shared.config import DRA_DRIVER
-from shared.device_health import Health
-from shared.device_status import StatusReading
-from shared.inventory import DeviceRecord
+from shared.node.device_health import Health
+from shared.node.device_record import DeviceRecord
+from shared.node.driver_status import StatusReading
 from shared.resources import Resource
 from tests.support.dra import NODE, feed, simulated_node
 

@@ -2,7 +2,15 @@
 
 import random
 
-from shared.hostile_ids import LISTED_IN_ERROR, LOGGED_CHARS, LOGGED_IDS, QUOTED_CHARS, listed, logged, quoted
+from shared.observability.hostile_ids import (
+    LISTED_IN_ERROR,
+    LOGGED_CHARS,
+    LOGGED_IDS,
+    QUOTED_CHARS,
+    listed,
+    logged,
+    quoted,
+)
 
 
 def test_an_ordinary_id_is_quoted_whole_and_a_long_one_is_cut_with_a_mark():

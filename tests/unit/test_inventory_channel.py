@@ -10,9 +10,9 @@ import pytest
 import zmq
 
 from scanner.publisher import InventoryPublisher
-from shared import ipc
+from shared.channels import inventory_protocol
+from shared.channels.inventory_subscriber import InventorySubscriber, SyncState
 from shared.resources import Resource
-from shared.subscriber import InventorySubscriber, SyncState
 from tests.support.inventory import message, record
 from tests.support.waiting import wait_until
 
@@ -61,14 +61,14 @@ def test_snapshot_request_before_the_first_scan_is_answered_by_it(channel):
 
 def await_snapshot_seq(run_dir, resource, seq, timeout=5.0):
     """Ask the publisher's snapshot socket, as a worker does, until its snapshot has sequence `seq`."""
-    _, snapshot_endpoint = ipc.endpoints(run_dir)
+    _, snapshot_endpoint = inventory_protocol.endpoints(run_dir)
     deadline = time.monotonic() + timeout
     with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
         dealer.linger = 0
         dealer.connect(snapshot_endpoint)
         while time.monotonic() < deadline:
-            dealer.send_multipart([ipc.SNAPSHOT_REQUEST, ipc.topic(resource)])
-            if dealer.poll(int(timeout * 1000)) and ipc.decode(dealer.recv_multipart()[-1]).seq == seq:
+            dealer.send_multipart([inventory_protocol.SNAPSHOT_REQUEST, inventory_protocol.topic(resource)])
+            if dealer.poll(int(timeout * 1000)) and inventory_protocol.decode(dealer.recv_multipart()[-1]).seq == seq:
                 return
     raise AssertionError(f"the publisher never served seq {seq}")
 
@@ -135,7 +135,7 @@ def test_malformed_updates_are_ignored_and_the_last_good_state_kept(channel):
     subscribe()
     assert received.get(timeout=5).seq == 1
     assert publish_until_received(publisher, received, message(seq=2)).seq == 2
-    publisher._pipe.send_multipart([ipc.topic(Resource.NPU), b"\xc1 not msgpack"])
+    publisher._pipe.send_multipart([inventory_protocol.topic(Resource.NPU), b"\xc1 not msgpack"])
     publisher.publish(message(seq=3, devices=()))
     got = received.get(timeout=5)
     assert got.seq == 3 and received.empty()
@@ -144,9 +144,9 @@ def test_malformed_updates_are_ignored_and_the_last_good_state_kept(channel):
 def test_junk_snapshot_requests_do_not_stop_the_publisher(channel, short_tmp):
     publisher, subscribe, received = channel
     rogue = zmq.Context.instance().socket(zmq.DEALER)
-    rogue.connect(ipc.endpoints(short_tmp)[1])
+    rogue.connect(inventory_protocol.endpoints(short_tmp)[1])
     rogue.send_multipart([b"junk"])
-    rogue.send_multipart([ipc.SNAPSHOT_REQUEST, b"nvidia.com/gpu"])
+    rogue.send_multipart([inventory_protocol.SNAPSHOT_REQUEST, b"nvidia.com/gpu"])
     rogue.send_multipart([b"x" * 10_000])
     publisher.publish(message(seq=1))
     subscribe()
@@ -155,7 +155,7 @@ def test_junk_snapshot_requests_do_not_stop_the_publisher(channel, short_tmp):
 
 
 def test_ipc_sockets_are_owner_only(channel, short_tmp):
-    for endpoint in ipc.endpoints(short_tmp):
+    for endpoint in inventory_protocol.endpoints(short_tmp):
         mode = stat.S_IMODE(os.stat(endpoint.removeprefix("ipc://")).st_mode)
         assert mode == 0o600
 
@@ -167,7 +167,7 @@ def test_a_deleted_socket_file_is_bound_again_at_the_next_publication(short_tmp,
     publisher = InventoryPublisher(context, short_tmp)
     publisher.start()
     try:
-        paths = [endpoint.removeprefix("ipc://") for endpoint in ipc.endpoints(short_tmp)]
+        paths = [endpoint.removeprefix("ipc://") for endpoint in inventory_protocol.endpoints(short_tmp)]
         for path in paths:
             os.unlink(path)
         publisher.publish(message(seq=1))

@@ -1,9 +1,9 @@
 import msgpack
 import pytest
 
-from shared import ipc
-from shared.device_status import StatusReading
-from shared.inventory import is_valid_device_id
+from shared.channels import inventory_protocol
+from shared.node.device_record import is_valid_device_id
+from shared.node.driver_status import StatusReading
 from tests.support.inventory import message, record
 
 
@@ -11,11 +11,11 @@ def test_round_trip_keeps_every_field():
     original = message(devices=(record(), record("rbln0-1", npu="7", numa_node=None, parent_pf="0000:03:00.0",
                                                  pci_path=None, status=StatusReading(None))),
                        discovery_error=None, cdi_resolvable=True)
-    assert ipc.decode(ipc.encode(original)) == original
+    assert inventory_protocol.decode(inventory_protocol.encode(original)) == original
 
 
 def _raw(**overrides):
-    raw = msgpack.unpackb(ipc.encode(message()))
+    raw = msgpack.unpackb(inventory_protocol.encode(message()))
     raw.update(overrides)
     return msgpack.packb(raw)
 
@@ -23,7 +23,7 @@ def _raw(**overrides):
 @pytest.mark.parametrize("payload,fragment", [
     (b"\xc1junk", "not msgpack"),
     (msgpack.packb([1, 2]), "message has type list"),
-    (_raw(v=ipc.SCHEMA_VERSION + 1), "schema version"),
+    (_raw(v=inventory_protocol.SCHEMA_VERSION + 1), "schema version"),
     (_raw(cdi=None), "cdi has type NoneType"),
     (_raw(cdi=1), "cdi has type int"),
     (_raw(resource="nvidia.com/gpu"), "unknown resource"),
@@ -31,17 +31,17 @@ def _raw(**overrides):
     (_raw(seq="1"), "seq has type str"),
     (_raw(devices=[{"id": "../etc"}]), "not valid"),
     (_raw(devices="x"), "devices has type str"),
-    (b"\x00" * (ipc.MAX_MESSAGE_BYTES + 1), "exceeds"),
+    (b"\x00" * (inventory_protocol.MAX_MESSAGE_BYTES + 1), "exceeds"),
 ])
 def test_malformed_messages_are_rejected_with_a_reason(payload, fragment):
-    with pytest.raises(ipc.ProtocolError) as caught:
-        ipc.decode(payload)
+    with pytest.raises(inventory_protocol.ProtocolError) as caught:
+        inventory_protocol.decode(payload)
     assert fragment in str(caught.value)
 
 
 def test_duplicate_device_ids_are_rejected():
-    with pytest.raises(ipc.ProtocolError, match="twice"):
-        ipc.decode(ipc.encode(message(devices=(record(), record()))))
+    with pytest.raises(inventory_protocol.ProtocolError, match="twice"):
+        inventory_protocol.decode(inventory_protocol.encode(message(devices=(record(), record()))))
 
 
 @pytest.mark.parametrize("device_id,valid", [

@@ -1,4 +1,4 @@
-"""The log stream (shared.log) and the `logs` command (rbln_device_plugin.logs), in process."""
+"""The log stream (shared.observability.log) and the `logs` command (rbln_device_plugin.logs), in process."""
 
 import argparse
 import datetime
@@ -16,7 +16,7 @@ import pytest
 from loguru import logger
 
 from rbln_device_plugin import logs as logs_command
-from shared import log
+from shared.observability import log
 
 PROCESS = "worker-npu"
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")

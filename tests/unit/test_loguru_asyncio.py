@@ -1,4 +1,4 @@
-"""shared/loguru_asyncio.py: loguru without asyncio until a coroutine sink needs it, and loguru's own module
+"""shared/fence/loguru_asyncio.py: loguru without asyncio until a coroutine sink needs it, and loguru's own module
 whenever it is not the one the stand-in was written against. Each case runs in a fresh interpreter, since
 the stand-in only works before loguru is imported."""
 
@@ -22,7 +22,7 @@ def _python(code: str, **env: str) -> str:
 def test_the_installed_loguru_is_the_one_it_stands_in_for():
     # Fails when loguru is upgraded: read the new loguru/_asyncio_loop.py, then add its (length, CRC-32).
     assert _python("""
-        from shared import loguru_asyncio
+        from shared.fence import loguru_asyncio
         print(loguru_asyncio.install())
     """).split() == ["True"]
 
@@ -30,7 +30,7 @@ def test_the_installed_loguru_is_the_one_it_stands_in_for():
 def test_loguru_logs_without_importing_asyncio():
     out = _python("""
         import io, sys
-        from shared import loguru_asyncio
+        from shared.fence import loguru_asyncio
         loguru_asyncio.install()
         from loguru import logger
         stream = io.StringIO()
@@ -46,7 +46,7 @@ def test_a_coroutine_sink_still_gets_every_record():
     # The only use loguru makes of the two functions: the running loop at add(), the task's loop at complete().
     out = _python("""
         import asyncio
-        from shared import loguru_asyncio
+        from shared.fence import loguru_asyncio
         assert loguru_asyncio.install()
         from loguru import logger
         received = []
@@ -70,7 +70,7 @@ def test_a_coroutine_sink_still_gets_every_record():
 def test_without_a_running_loop_loguru_behaves_as_with_its_own_module():
     # enqueue=True needs a loop at add(); a record logged outside any loop is dropped, not an error.
     out = _python("""
-        from shared import loguru_asyncio
+        from shared.fence import loguru_asyncio
         assert loguru_asyncio.install()
         from loguru import logger
         received = []
@@ -97,7 +97,7 @@ def test_another_loguru_keeps_its_own_module(tmp_path, source):
     (package / "__init__.py").write_text("from loguru import _asyncio_loop\n")
     (package / "_asyncio_loop.py").write_text(source)
     out = _python(f"""
-        from shared import loguru_asyncio
+        from shared.fence import loguru_asyncio
         print(loguru_asyncio.install())
         import loguru
         print(loguru._asyncio_loop.__file__ == {str(package / "_asyncio_loop.py")!r})
@@ -108,7 +108,7 @@ def test_another_loguru_keeps_its_own_module(tmp_path, source):
 def test_it_changes_nothing_once_loguru_is_imported():
     out = _python("""
         import loguru, sys
-        from shared import loguru_asyncio
+        from shared.fence import loguru_asyncio
         print(loguru_asyncio.install(), sys.modules["loguru._asyncio_loop"] is loguru._asyncio_loop,
               "asyncio" in sys.modules)
     """)

@@ -19,11 +19,11 @@ from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_r
 from resource_worker import servicer as servicer_module
 from resource_worker.servicer import DevicePluginServicer
 from resource_worker.streams import StreamTracker
-from shared import metrics
-from shared.deviceplugin.v1beta1 import api_pb2
-from shared.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2
+from shared.observability import metrics
+from shared.observability.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.observability.tracing import AllocationTracer
 from shared.resources import Resource
-from shared.tracing import AllocationTracer
 from tests.support.allocators import make_allocator
 from tests.support.metrics_scrape import scrape, value
 
@@ -177,7 +177,7 @@ def test_file_names_and_liveness():
 def test_a_recorder_that_cannot_write_never_fails_the_work(node, monkeypatch):
     recorder = node.process(501)
     logged = []
-    monkeypatch.setattr("shared.value_files.ValueFile.__init__",
+    monkeypatch.setattr("shared.fence.prometheus_value_files.ValueFile.__init__",
                         lambda self, path: (_ for _ in ()).throw(OSError(28, "No space left")))
     monkeypatch.setattr("loguru.logger.warning", lambda message, **fields: logged.append((message, fields)))
     recorder.allocations(NPU, Result.SUCCESS, [0.1])
@@ -202,7 +202,7 @@ def test_value_files_are_allocated_before_they_are_mapped_and_a_refusal_is_repor
             raise OSError(28, "No space left on device")
         real_fallocate(fd, offset, length)
 
-    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    monkeypatch.setattr("shared.fence.prometheus_value_files.os.posix_fallocate", fallocate)
     for _ in range(3):
         recorder.scan(0.1)
         recorder.flush()
@@ -237,7 +237,7 @@ def test_a_recorder_refused_one_of_its_files_retries_holding_each_file_once(node
             raise OSError(28, "No space left on device")
         real_fallocate(fd, offset, length)
 
-    monkeypatch.setattr("shared.value_files.os.posix_fallocate", fallocate)
+    monkeypatch.setattr("shared.fence.prometheus_value_files.os.posix_fallocate", fallocate)
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(5):
         recorder.load(NPU, ["group-create"])
@@ -262,7 +262,7 @@ def test_the_recording_processes_never_import_prometheus_client(tmp_path):
     /metrics, reads them with it."""
     script = f"""
 import os, pathlib, sys
-from shared.metrics import Result, recorder_for
+from shared.observability.metrics import Result, recorder_for
 import resource_worker.main, scanner.main, dra_worker.main
 run_dir = pathlib.Path({str(tmp_path)!r})
 off = recorder_for(-1, run_dir)

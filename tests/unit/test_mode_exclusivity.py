@@ -10,8 +10,8 @@ import tempfile
 
 import pytest
 
+from rbln_device_plugin.mode_exclusivity import is_live, other_mode_conflict
 from shared.config import ResourceApi, Settings
-from shared.mode_exclusivity import is_live, other_mode_conflict
 
 
 def _settings(tmp_path, api: ResourceApi) -> Settings:

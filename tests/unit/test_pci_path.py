@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from shared.pci_path import PciPaths
+from scanner.pci_path import PciPaths
 
 DEVICE = "0000:03:00.0"
 GOOD = ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", DEVICE)

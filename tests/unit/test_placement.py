@@ -15,9 +15,9 @@ from resource_worker.placement import (
     score,
 )
 from resource_worker.placement.pool import tables_for
-from shared.device_status import StatusReading
-from shared.inventory import DeviceRecord
-from shared.pci_path import PciPaths
+from scanner.pci_path import PciPaths
+from shared.node.device_record import DeviceRecord
+from shared.node.driver_status import StatusReading
 from tests.support.placement_instances import placement_instances
 
 # The PCI tree of the upstream README's example.

@@ -19,8 +19,8 @@ from resource_worker.placement.pool import tables_for
 from resource_worker.placement.score import Bound, Score, SplitScore
 from resource_worker.placement.state import RequestClasses
 from resource_worker.servicer import DevicePluginServicer
-from shared.deviceplugin.v1beta1 import api_pb2
-from shared.metrics import Recorder
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2
+from shared.observability.metrics import Recorder
 from shared.resources import Resource
 from tests.support.inventory import message, record
 from tests.support.placement_instances import placement_instances

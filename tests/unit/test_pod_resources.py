@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from shared.pod_resources import Holder, PodResourcesUnavailable, device_holders, holders_from
-from shared.podresources.v1 import api_pb2, api_pb2_grpc
+from rbln_device_plugin.pod_resources_client import Holder, PodResourcesUnavailable, device_holders, holders_from
+from shared.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 
 NPU, VF4 = "rebellions.ai/npu", "rebellions.ai/npu-vf4"
 

@@ -86,7 +86,8 @@ def _program_environment() -> dict[str, str]:
 
 
 def test_loguru_adds_no_sink_of_its_own_in_a_program():
-    # shared/log.py sets the stream up first thing; loguru's stderr sink would only cost the start its time.
+    # shared/observability/log.py sets the stream up first thing; loguru's stderr sink would only cost the start
+    # its time.
     code = "from loguru import logger; logger.info('before the stream is set up')"
     quiet = subprocess.run([sys.executable, "-c", code], env={**os.environ, **_program_environment()},
                            capture_output=True, text=True, timeout=60)

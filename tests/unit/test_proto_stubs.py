@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from shared.deviceplugin.v1beta1 import api_pb2
-from shared.podresources.v1 import api_pb2 as podresources_pb2
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2
+from shared.kubelet.podresources.v1 import api_pb2 as podresources_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1")
@@ -31,7 +31,7 @@ def test_committed_stubs_match_the_proto(generated, api):
     names = sorted(p.name for p in (generated / api).iterdir())
     assert names == ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"]
     for name in names:
-        committed = ROOT / "shared" / api / name
+        committed = ROOT / "shared" / "kubelet" / api / name
         assert (generated / api / name).read_text() == committed.read_text(), \
             f"{committed} is stale: run protos/generate.py"
 
@@ -67,7 +67,7 @@ def test_pod_resources_wire_contract():
 
 def test_plugin_registration_wire_contract():
     """The kubelet's plugin watcher calls /pluginregistration.Registration/* on the registration socket."""
-    from shared.pluginregistration.v1 import api_pb2 as registration_pb2
+    from shared.kubelet.pluginregistration.v1 import api_pb2 as registration_pb2
 
     service = registration_pb2.DESCRIPTOR.services_by_name["Registration"]
     assert service.full_name == "pluginregistration.Registration"
@@ -83,7 +83,7 @@ def test_dra_wire_contract(version):
     """Both DRA services the kubelet may pick, with the same messages and field numbers."""
     import importlib
 
-    dra_pb2 = importlib.import_module(f"shared.dra.{version}.api_pb2")
+    dra_pb2 = importlib.import_module(f"shared.kubelet.dra.{version}.api_pb2")
     assert dra_pb2.DESCRIPTOR.package == f"k8s.io.kubelet.pkg.apis.dra.{version}"
     service = dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
     assert service.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from shared.rbln_smi import (
+from shared.node.rbln_smi import (
     GROUP_COMMANDS,
     RblnSmi,
     RblnSmiError,
@@ -120,7 +120,7 @@ def test_locate_prefers_the_configured_binary_and_rejects_a_non_executable(tmp_p
 
 
 def test_locate_falls_back_to_path(tmp_path, monkeypatch):
-    monkeypatch.setattr("shared.rbln_smi.SEARCH_PATHS", ())
+    monkeypatch.setattr("shared.node.rbln_smi.SEARCH_PATHS", ())
     binary = tool(tmp_path, "true")
     assert locate(None, search_path=str(tmp_path)) == binary
     with pytest.raises(RblnSmiError, match="not found"):

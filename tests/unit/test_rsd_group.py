@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from shared.rbln_smi import RblnSmi, RblnSmiError, SmiDevice, SmiListing, run_bounded
-from shared.rsd_group import RsdGroupError, RsdGroups, held_flock, next_group_id
+from shared.node.rbln_smi import RblnSmi, RblnSmiError, SmiDevice, SmiListing, run_bounded
+from shared.node.rsd_group import RsdGroupError, RsdGroups, held_flock, next_group_id
 from simulator.node import SimulatedNode, build_node
 from simulator.spec import NodeSpec
 from tests.support.inventory import record
@@ -120,8 +120,8 @@ def test_a_caller_killed_mid_change_never_lets_another_change_overlap_it(node):
     node.set_smi_fault("slow", ["create"], delay=1.5)
     caller = subprocess.Popen([sys.executable, "-c", (
         "import pathlib, sys\n"
-        "from shared.rsd_group import RsdGroups\n"
-        "from shared.rbln_smi import RblnSmi\n"
+        "from shared.node.rsd_group import RsdGroups\n"
+        "from shared.node.rbln_smi import RblnSmi\n"
         "from tests.support.inventory import record\n"
         f"device = record('rbln0', npu=0, bus_id={node.device('rbln0').bus_id!r})\n"
         f"RsdGroups(RblnSmi(pathlib.Path({str(node.rbln_smi)!r})), pathlib.Path({str(node.lock_file)!r}))"

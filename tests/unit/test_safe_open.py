@@ -5,9 +5,9 @@ import stat
 
 import pytest
 
-from shared import safe_open
-from shared.rsd_group import RsdGroupError, held_flock
-from shared.safe_open import UnsafePathError, ensure_private_dir, open_file
+from shared.fs import safe_open
+from shared.fs.safe_open import UnsafePathError, ensure_private_dir, open_file
+from shared.node.rsd_group import RsdGroupError, held_flock
 
 SETTING = "SOME_SETTING"
 ME = os.geteuid()

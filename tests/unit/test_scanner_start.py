@@ -11,9 +11,9 @@ import pytest
 
 from scanner import main as scanner_main
 from shared.config import Settings
-from shared.metrics import Recorder
-from shared.process_lifecycle import ShutdownSignal
+from shared.observability.metrics import Recorder
 from shared.resources import Resource
+from shared.supervision.process_lifecycle import ShutdownSignal
 from simulator.node import build_node
 from simulator.spec import NodeSpec
 

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from shared.podresources.v1 import api_pb2 as podresources_pb2
-from shared.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
+from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet.podresources.v1 import api_pb2 as podresources_pb2
+from shared.kubelet.podresources.v1 import api_pb2_grpc as podresources_pb2_grpc
 from simulator.kubelet import KubeletSimulator
 from simulator.registration_rules import is_extended_resource_name
 

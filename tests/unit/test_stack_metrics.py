@@ -16,7 +16,7 @@ from prometheus_client.registry import CollectorRegistry
 from kubelet_watchdog.metrics_server import MetricsEndpoint, MetricsServer, StackStateCollector
 from kubelet_watchdog.probes import current_status
 from kubelet_watchdog.stack_metrics import StackView, state_samples, status_label
-from shared.metrics import STATE_FAMILIES
+from shared.observability.metrics import STATE_FAMILIES
 from shared.resources import Resource
 from tests.support.metrics_scrape import scrape, value
 from tests.support.ports import free_port

@@ -13,11 +13,11 @@ import pytest
 from kubelet_watchdog import main as watchdog_main
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.stack_watch import ProgramExits, StatusFiles
-from shared import process_status
+from shared.channels import status_files
 from shared.config import Settings
-from shared.metrics import Recorder
-from shared.process_lifecycle import ShutdownSignal
+from shared.observability.metrics import Recorder
 from shared.programs import PROGRAMS, SCANNER
+from shared.supervision.process_lifecycle import ShutdownSignal
 from tests.support.waiting import wait_until
 
 TIMEOUT = 15
@@ -26,20 +26,20 @@ TIMEOUT = 15
 def test_a_status_file_is_read_again_only_once_it_was_replaced(short_tmp, monkeypatch):
     files = StatusFiles(short_tmp)
     assert files.read(SCANNER) is None and not files.changed()
-    process_status.write_status(short_tmp, SCANNER, {"resources": {"a": 1}})
+    status_files.write_status(short_tmp, SCANNER, {"resources": {"a": 1}})
     assert files.changed() and not files.changed()
     assert files.read(SCANNER)["resources"] == {"a": 1}
     reads = []
-    real = process_status.read_status
-    monkeypatch.setattr(process_status, "read_status", lambda *args: reads.append(args) or real(*args))
+    real = status_files.read_status
+    monkeypatch.setattr(status_files, "read_status", lambda *args: reads.append(args) or real(*args))
     assert files.read(SCANNER)["resources"] == {"a": 1} and reads == []
-    process_status.write_status(short_tmp, SCANNER, {"resources": {"a": 2}})
+    status_files.write_status(short_tmp, SCANNER, {"resources": {"a": 2}})
     assert files.read(SCANNER)["resources"] == {"a": 2} and len(reads) == 1
     (short_tmp / "unrelated").write_text("x")
     files.changed()
     (short_tmp / "other").write_text("y")
     assert not files.changed(), "only status files count"
-    process_status.remove_status(short_tmp, SCANNER)
+    status_files.remove_status(short_tmp, SCANNER)
     assert files.read(SCANNER) is None
     files.close()
 
@@ -143,7 +143,7 @@ def _table(**pids):
 
 
 def _publish(run_dir, **resources):
-    process_status.write_status(run_dir, SCANNER, {"resources": {"rebellions.ai/npu": 0, "rebellions.ai/npu-vf1": 0,
+    status_files.write_status(run_dir, SCANNER, {"resources": {"rebellions.ai/npu": 0, "rebellions.ai/npu-vf1": 0,
                                                                  "rebellions.ai/npu-vf4": 0, **resources}})
 
 
@@ -153,7 +153,7 @@ def test_a_settled_stack_is_judged_on_its_status_files_without_asking_supervisor
     supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, _table())
     try:
         wait_until(lambda: health.states == [(True, False)], TIMEOUT, "live, npu not registered")
-        process_status.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
+        status_files.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
         wait_until(lambda: health.states[-1] == (True, True), TIMEOUT, "ready once npu's worker says so")
         assert supervisor.asked == 1
     finally:
@@ -176,7 +176,7 @@ def test_an_exiting_program_has_supervisord_asked_at_once(short_tmp, monkeypatch
         wait_until(lambda: health.states[-1] == (False, False), TIMEOUT, "not live once worker-npu is gone")
         with supervisor.lock:
             supervisor.table["worker-npu"] = {"statename": "RUNNING", "pid": os.getpid(), "start": 1002, "now": 1005}
-        process_status.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
+        status_files.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
         # Unsettled: asked every CHECK_INTERVAL again until every program runs.
         wait_until(lambda: health.states[-1] == (True, True), TIMEOUT, "live again")
     finally:
@@ -224,10 +224,9 @@ def test_without_an_inotify_instance_the_watchdog_polls_instead_of_dying(short_t
     def refused():
         raise OSError(24, "Too many open files")
 
-    from kubelet_watchdog import socket_watch, stack_watch
+    from shared.fs import inotify
 
-    monkeypatch.setattr(stack_watch, "INotify", refused)
-    monkeypatch.setattr(socket_watch, "INotify", refused)
+    monkeypatch.setattr(inotify, "INotify", refused)
     monkeypatch.setattr(watchdog_main, "CHECK_INTERVAL", 0.2)
     restarts = []
     monkeypatch.setattr(Watchdog, "_restart_workers", lambda self: restarts.append(1))
@@ -235,7 +234,7 @@ def test_without_an_inotify_instance_the_watchdog_polls_instead_of_dying(short_t
     supervisor, health, shutdown, thread = _running_watchdog(short_tmp, monkeypatch, _table())
     try:
         wait_until(lambda: health.states == [(True, False)], TIMEOUT, "live, npu not registered")
-        process_status.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
+        status_files.write_status(short_tmp, "worker-npu", {"registered": True, "streams": 1})
         wait_until(lambda: health.states[-1] == (True, True), TIMEOUT, "ready, seen by a check")
         assert supervisor.asked >= 2, "no steady state without status events: the table is read at every check"
         listener = socket.socket(socket.AF_UNIX)

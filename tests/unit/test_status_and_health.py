@@ -7,9 +7,16 @@ import os
 
 import pytest
 
-from shared import ipc
-from shared.device_health import Health, HealthHistory, judge
-from shared.device_status import MAX_STATUS_BYTES, UNREADABLE, StatusReading, parse_status, read_status, status_path
+from shared.channels import inventory_protocol
+from shared.node.device_health import Health, HealthHistory, judge
+from shared.node.driver_status import (
+    MAX_STATUS_BYTES,
+    UNREADABLE,
+    StatusReading,
+    parse_status,
+    read_status,
+    status_path,
+)
 from tests.support.inventory import message, record
 
 HEALTHY, UNHEALTHY = Health.HEALTHY, Health.UNHEALTHY
@@ -65,7 +72,7 @@ def test_parser_names_and_policy_without_history(raw, name, health_without_histo
 def test_every_parsed_status_travels_in_the_inventory_message(raw):
     # A code outside int64 used to reach msgpack and crash the scanner's publish.
     original = message(devices=(record(status=parse_status(raw)),))
-    assert ipc.decode(ipc.encode(original)) == original
+    assert inventory_protocol.decode(inventory_protocol.encode(original)) == original
 
 
 def _missing(path, stack, monkeypatch):

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from shared import process_status, status_records
-from shared.status_records import (
+from shared.channels import status_files, status_records
+from shared.channels.status_records import (
     CdiCheck,
     DeviceState,
     DraStatus,
@@ -35,7 +35,7 @@ RECORDS = {"scanner": SCANNER, "worker-npu": WORKER, "worker-dra": DRA}
 def test_a_written_record_reads_back_equal_and_stamped_by_its_writer(tmp_path, process):
     record = RECORDS[process]
     status_records.write(tmp_path, process, record)
-    read = decode(process, process_status.read_status(tmp_path, process))
+    read = decode(process, status_files.read_status(tmp_path, process))
     assert read is not None and read.stamp is not None and read.stamp.pid == os.getpid()
     assert read.stamp.monotonic is not None and read.stamp.time is not None
     assert type(read)(**{**vars(read), "stamp": None}) == record
@@ -44,7 +44,7 @@ def test_a_written_record_reads_back_equal_and_stamped_by_its_writer(tmp_path, p
 def test_the_keys_on_disk_are_the_ones_the_probes_and_status_json_read(tmp_path):
     for process, record in RECORDS.items():
         status_records.write(tmp_path, process, record)
-    on_disk = {process: json.loads(process_status.status_file(tmp_path, process).read_text())
+    on_disk = {process: json.loads(status_files.status_file(tmp_path, process).read_text())
                for process in RECORDS}
     stamp = {"process", "pid", "monotonic", "time"}
     assert set(on_disk["scanner"]) == stamp | {"resources", "discoveryError", "scanMs", "cdi"}
@@ -60,7 +60,7 @@ def test_the_keys_on_disk_are_the_ones_the_probes_and_status_json_read(tmp_path)
 def test_a_record_of_the_wrong_kind_is_not_written(tmp_path):
     with pytest.raises(TypeError, match="worker-npu's status is a WorkerStatus, not a ScannerStatus"):
         status_records.write(tmp_path, "worker-npu", SCANNER)
-    assert not process_status.status_file(tmp_path, "worker-npu").exists()
+    assert not status_files.status_file(tmp_path, "worker-npu").exists()
 
 
 def test_an_older_writers_file_reads_with_the_fields_it_predates_absent():

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shared.supervisord import transport
-from shared.supervisord.client import SupervisorError, connect
-from shared.supervisord.transport import SupervisorUnreachable, exchange
+from shared.supervision import transport
+from shared.supervision.client import SupervisorError, connect
+from shared.supervision.transport import SupervisorUnreachable, exchange
 
 STATE_REPLY = xmlrpc.client.dumps(({"statecode": 1, "statename": "RUNNING"},), methodresponse=True).encode()
 

@@ -1,4 +1,4 @@
-"""shared/supervisord/wakeup.py on its own: the dispatcher it puts into a socket map, and its factory's
+"""shared/fence/supervisord_wakeup.py on its own: the dispatcher it puts into a socket map, and its factory's
 failure mode (supervisord itself runs it in tests/integration/test_supervisord_wakeup.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from shared.supervisord import wakeup
+from shared.fence import supervisord_wakeup
 
 
 class Group:
@@ -45,7 +45,7 @@ def pending(dispatcher) -> bytes:
 def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(supervisord):
     previous = signal.signal(signal.SIGUSR1, lambda *_: None)
     try:
-        dispatcher = wakeup.install(supervisord)
+        dispatcher = supervisord_wakeup.install(supervisord)
         assert socket_map(supervisord) == {dispatcher.read_fd: dispatcher}
         assert dispatcher.readable() and not dispatcher.writable()
         assert os.read(dispatcher.read_fd, 16) == b"\0"  # the first poll returns at once
@@ -56,7 +56,7 @@ def test_the_installed_pipe_is_ready_at_once_and_a_signal_makes_it_ready_again(s
 
 
 def test_a_read_event_empties_the_pipe_and_leaves_it_open(supervisord):
-    dispatcher = wakeup.install(supervisord)
+    dispatcher = supervisord_wakeup.install(supervisord)
     os.write(dispatcher.write_fd, b"\x11" * 5000)
     dispatcher.handle_read_event()
     with pytest.raises(BlockingIOError):
@@ -65,12 +65,12 @@ def test_a_read_event_empties_the_pipe_and_leaves_it_open(supervisord):
 
 
 def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(supervisord):
-    failed = wakeup.install(supervisord)
+    failed = supervisord_wakeup.install(supervisord)
     failed.handle_error()
     assert not failed.readable()
     with pytest.raises(OSError):
         os.fstat(failed.read_fd)
-    ended = wakeup.install(supervisord)
+    ended = supervisord_wakeup.install(supervisord)
     os.close(ended.write_fd)  # as supervisord's reload closes every descriptor from 5 up
     reused = os.open(os.devnull, os.O_RDONLY)  # the lowest free number: the write end's
     try:
@@ -83,10 +83,10 @@ def test_an_error_or_the_end_of_the_pipe_closes_it_so_the_loop_stops_polling_it(
 
 
 def test_a_second_http_server_finds_the_pipe_in_place_and_a_reload_replaces_it(supervisord):
-    first = wakeup.install(supervisord)
-    assert wakeup.install(supervisord) is first
+    first = supervisord_wakeup.install(supervisord)
+    assert supervisord_wakeup.install(supervisord) is first
     reloaded = types.SimpleNamespace(options=supervisord.options, stop_groups=None)  # a new Supervisor
-    second = wakeup.install(reloaded)
+    second = supervisord_wakeup.install(reloaded)
     assert list(socket_map(supervisord).values()) == [second]
     first.close()
 
@@ -94,13 +94,13 @@ def test_a_second_http_server_finds_the_pipe_in_place_and_a_reload_replaces_it(s
 def test_the_factory_never_raises_and_says_once_why_the_loop_stays_slow():
     warnings: list[str] = []
     options = types.SimpleNamespace(logger=types.SimpleNamespace(warn=warnings.append))  # no get_socket_map
-    interface = wakeup.make_wakeup_rpcinterface(types.SimpleNamespace(options=options))
+    interface = supervisord_wakeup.make_wakeup_rpcinterface(types.SimpleNamespace(options=options))
     assert interface.installed() is False
     assert len(warnings) == 1 and "get_socket_map" in warnings[0]
 
 
 def test_stopping_the_poll_returns_at_once_when_the_group_in_turn_has_nothing_left_to_stop(supervisord):
-    dispatcher = wakeup.install(supervisord)
+    dispatcher = supervisord_wakeup.install(supervisord)
     pending(dispatcher)
     assert dispatcher.readable() and pending(dispatcher) == b""  # not stopping: the poll waits
     supervisord.stop_groups = [Group([]), Group(["worker-npu"])]
@@ -113,7 +113,7 @@ def test_stopping_the_poll_returns_at_once_when_the_group_in_turn_has_nothing_le
 
 def test_a_supervisord_without_stop_groups_is_stopped_at_its_own_pace_and_never_broken(supervisord):
     del supervisord.stop_groups
-    dispatcher = wakeup.install(supervisord)
+    dispatcher = supervisord_wakeup.install(supervisord)
     pending(dispatcher)
     assert dispatcher.readable() and dispatcher.readable() and pending(dispatcher) == b""
 
@@ -123,7 +123,7 @@ def test_a_signal_noted_but_not_acted_on_yet_has_the_poll_return_at_once(supervi
     # only after the next poll, which nothing else wakes.
     noted: list[int] = []
     supervisord.options.signal_receiver = types.SimpleNamespace(_signals_recvd=noted)
-    dispatcher = wakeup.install(supervisord)
+    dispatcher = supervisord_wakeup.install(supervisord)
     pending(dispatcher)
     assert dispatcher.readable() and pending(dispatcher) == b""  # nothing noted: the poll waits
     noted.append(signal.SIGTERM)
@@ -139,7 +139,7 @@ def test_asked_right_after_its_read_event_it_wakes_nothing_the_turn_still_acts_o
     noted = [signal.SIGCHLD]
     supervisord.options.signal_receiver = types.SimpleNamespace(_signals_recvd=noted)
     supervisord.stop_groups = [Group([])]
-    dispatcher = wakeup.install(supervisord)
+    dispatcher = supervisord_wakeup.install(supervisord)
     dispatcher.handle_read_event()
     assert dispatcher.readable() and pending(dispatcher) == b""
     assert dispatcher.readable() and pending(dispatcher) == b"\0"

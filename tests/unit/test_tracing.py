@@ -1,4 +1,4 @@
-"""Allocation tracing (shared.tracing) with an in-memory exporter; the OTLP path is in
+"""Allocation tracing (shared.observability.tracing) with an in-memory exporter; the OTLP path is in
 tests/integration/test_observability.py."""
 
 import subprocess
@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from resource_worker.allocation import AllocationError, ErrorKind
-from shared import tracing
+from shared.observability import tracing
 
 NPU = "rebellions.ai/npu"
 
@@ -51,7 +51,7 @@ def test_without_an_endpoint_the_sdk_is_never_imported():
     code = """
 import sys
 import resource_worker.main
-from shared.tracing import setup_tracing
+from shared.observability.tracing import setup_tracing
 for endpoint in ("", "not an endpoint"):
     tracer = setup_tracing(endpoint, "1.0", "node-a")
     with tracer.allocate("rebellions.ai/npu") as trace:

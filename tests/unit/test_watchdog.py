@@ -10,17 +10,17 @@ import xmlrpc.client
 import pytest
 from supervisor.xmlrpc import Faults
 
+from kubelet_watchdog.kubelet_socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.main import HealthEndpoint, Watchdog
 from kubelet_watchdog.probes import liveness, needed_programs, readiness
-from kubelet_watchdog.socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.stack_metrics import StackView
+from rbln_device_plugin.pod_resources_client import Holder
 from rbln_device_plugin.status import build_report, render_text
 from shared.config import ResourceApi, Settings
-from shared.metrics import Recorder
-from shared.pod_resources import Holder
+from shared.observability.metrics import Recorder
 from shared.programs import PLUGIN_RESTART_SIGNAL, PROGRAMS, WORKERS
-from shared.supervisord.client import Supervisor, SupervisorError, SupervisorStopping
-from shared.supervisord.transport import SHUTDOWN_STATE_FAULT, fault_code
+from shared.supervision.client import Supervisor, SupervisorError, SupervisorStopping
+from shared.supervision.transport import SHUTDOWN_STATE_FAULT, fault_code
 from tests.support.status_samples import running, scanner_status, worker_status
 
 # Probes
@@ -345,8 +345,8 @@ def test_the_stopping_supervisord_is_recognised_by_its_fault():
 
 _SIGNAL_SCRIPT = """
 import select, sys
-from shared import log
-from shared.process_lifecycle import ShutdownSignal
+from shared.observability import log
+from shared.supervision.process_lifecycle import ShutdownSignal
 log.setup("test", {"RBLN_DEVICE_PLUGIN_LOG_DIR": ""})
 shutdown = ShutdownSignal({}).install()
 heard = []
@@ -358,8 +358,8 @@ print(shutdown.signal_name, heard, flush=True)
 
 _ORDER_SCRIPT = """
 import os, select, signal, sys, threading
-from shared import log
-from shared.process_lifecycle import ShutdownSignal
+from shared.observability import log
+from shared.supervision.process_lifecycle import ShutdownSignal
 log.setup("test", {"RBLN_DEVICE_PLUGIN_LOG_DIR": ""})
 shutdown = ShutdownSignal({}).install()
 orders = []

@@ -6,7 +6,7 @@ import pytest
 
 from scanner.worker_demand import ABSENT_GRACE_MAX_SECONDS, Need, Order, State, WorkerDemand, absent_grace, plan
 from shared.resources import Resource
-from shared.supervisord import transport
+from shared.supervision import transport
 
 GRACE = 15.0
 

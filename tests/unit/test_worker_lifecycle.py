@@ -22,8 +22,8 @@ from resource_worker.lifecycle import (
     RegistrationError,
     Worker,
 )
-from shared import process_status
-from shared.device_status import UNREADABLE, StatusReading
+from shared.channels import status_files
+from shared.node.driver_status import UNREADABLE, StatusReading
 from shared.resources import Resource
 from tests.support.inventory import message, record
 
@@ -122,7 +122,7 @@ class Rig:
                                                   for n, i in enumerate(device_ids)], seq=seq))
 
     def status(self) -> dict | None:
-        return process_status.read_status(self.run_dir, RESOURCE.process_name)
+        return status_files.read_status(self.run_dir, RESOURCE.process_name)
 
     def registered(self) -> FakePlugin:
         """Drive the worker to REGISTERED on a fresh inventory."""
