@@ -7,10 +7,12 @@ import pathlib
 import threading
 from typing import Any
 
+import grpc
 import zmq
 from loguru import logger
 
 from dra_worker.checkpoint import Checkpoint
+from dra_worker.health import HealthReports, HealthWatch, add_health_services
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
 from dra_worker.prepare import Preparer
@@ -18,6 +20,7 @@ from dra_worker.publisher import SlicePublisher
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
+from resource_worker.streams import StreamTracker
 from shared import process_status, status_records
 from shared.config import DRA_DRIVER
 from shared.device_status import read_status
@@ -72,8 +75,14 @@ def main() -> None:
 
     inventory = InventoryState()
     publisher = SlicePublisher(api, settings.node_name, inventory.current, settings.device_scan_interval,
-                               on_publish=metrics.slice_publish)
-    inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
+                               on_publish=metrics.slice_publish, taint_effect=settings.dra_unhealthy_taint_effect)
+    health = HealthReports()
+
+    def inventory_changed() -> None:
+        publisher.wake()
+        health.update(inventory.current())
+
+    inventory.on_change = inventory_changed  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
     checkpoint = Checkpoint(settings.dra_plugin_dir)
     preparer = Preparer(api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file),
@@ -88,11 +97,18 @@ def main() -> None:
         metrics.flush()
         status_records.write(settings.run_dir, WORKER_DRA, DraStatus(
             registered=registration.registered.is_set(), prepared_claims=preparer.prepared_count(),
-            slice_generation=publisher.generation, devices=len(inventory.current().devices)))
+            slice_generation=publisher.generation, devices=len(inventory.current().devices),
+            health_streams=health_watch.streams.open_streams, tainted_devices=publisher.tainted))
 
     registration.on_change = report
     plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)
-    dra_server = UnixServer(settings.dra_socket, lambda server: add_services(server, plugin), "dra")
+    health_watch = HealthWatch(health, settings.node_name, StreamTracker(on_change=report))
+
+    def dra_services(server: grpc.Server) -> None:
+        add_services(server, plugin)
+        add_health_services(server, health_watch)
+
+    dra_server = UnixServer(settings.dra_socket, dra_services, "dra")
     registration_server = UnixServer(
         settings.dra_registration_socket,
         lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")

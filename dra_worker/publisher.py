@@ -4,8 +4,10 @@ One thread owns the reconciliation. It wakes on every inventory snapshot and at 
 when what it would publish differs from what it last published, or the period has passed (the kubelet wipes a
 node's slices when it restarts or loses the driver for 30 s, and anyone may delete one), it lists the slices
 of this driver and node and repairs them: obsolete slices deleted first, changed ones updated, missing ones
-created, the pool generation bumped on any change. Failures, the API's or any other, are retried with backoff,
-never fatal.
+created, and the pool generation bumped, except for a change confined to one slice, which keeps it (KEP-5055:
+the scheduler then sees the one slice's new content at once, with no pool to wait for). Failures, the API's or
+any other, are retried with backoff, never fatal. An API server that stores a slice without the taints it was
+sent has them off: from then on Unhealthy devices are left out instead (one warning).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from loguru import logger
 from dra_worker import slices
 from dra_worker.inventory import NodeInventory
 from dra_worker.kube import ApiFailure, Backoff
+from shared.config import TaintEffect
 from shared.hostile_ids import logged
 
 Json = dict[str, Any]
@@ -47,7 +50,8 @@ def _generation(existing: Json) -> int:
 
 class SlicePublisher:
     def __init__(self, api: SliceApi, node_name: str, inventory: Callable[[], NodeInventory], resync_period: float,
-                 on_publish: Callable[[bool], None] = lambda ok: None):
+                 on_publish: Callable[[bool], None] = lambda ok: None,
+                 taint_effect: TaintEffect = TaintEffect.NO_SCHEDULE):
         self._api = api
         self._node_name = node_name
         self._inventory = inventory
@@ -60,8 +64,12 @@ class SlicePublisher:
         # Owned by the publisher thread: the devices of the last successful reconciliation, and when it was.
         self._published: list[Json] | None = None
         self._checked_at = 0.0
+        self._taint_effect: TaintEffect | None = taint_effect
+        """None once the API server was seen dropping taints."""
         self.generation = 0
         """The pool generation last published (read by the status file)."""
+        self.tainted = 0
+        """Devices published with the unhealthy taint (read by the status file)."""
 
     def start(self) -> None:
         self._thread.start()
@@ -101,13 +109,17 @@ class SlicePublisher:
         inventory = self._inventory()
         if not inventory.complete:
             return False  # a pool published before every resource's snapshot would offer too little
-        devices = slices.published_devices(inventory)
+        devices = slices.published_devices(inventory, self._taint_effect)
         if devices == self._published and time.monotonic() - self._checked_at < self._resync_period:
             return False
         if not self._node_uid:
             self._node_uid = self._api.node_uid(self._node_name, CALL_TIMEOUT)
         changed = self._repair(devices)
+        if changed and self._taint_effect is None and slices.tainted(devices):
+            devices = slices.published_devices(inventory, None)  # the server dropped the taints: leave them out
+            self._repair(devices)
         self._published = devices
+        self.tainted = slices.tainted(devices)
         self._checked_at = time.monotonic()
         if changed:
             self._on_publish(True)
@@ -116,26 +128,36 @@ class SlicePublisher:
     def _repair(self, devices: list[Json]) -> bool:
         existing = sorted(self._api.list_slices(self._node_name, CALL_TIMEOUT), key=_name)
         current = max([self.generation, *(_generation(s) for s in existing)])
-        wanted = slices.slice_specs(self._node_name, devices, current)
-        up_to_date = (len(existing) == len(wanted) and current > 0
-                      and {_generation(s) for s in existing} == {current}
-                      and [slices.content(s.get("spec") or {}) for s in existing]
-                      == [slices.content(w) for w in wanted])
-        if up_to_date:
+        per_slice = (slices.MAX_DEVICES_PER_TAINTED_SLICE if self._taint_effect is not None
+                     else slices.MAX_DEVICES_PER_SLICE)
+        wanted = slices.slice_specs(self._node_name, devices, current, per_slice)
+        differing = [index for index, (have, want) in enumerate(zip(existing, wanted, strict=False))
+                     if slices.content(have.get("spec") or {}) != slices.content(want)]
+        consistent = (len(existing) == len(wanted) and current > 0
+                      and {_generation(s) for s in existing} == {current})
+        if consistent and not differing:
             self.generation = current
             return False
-        generation = current + 1
-        wanted = slices.slice_specs(self._node_name, devices, generation)
+        if not consistent or len(differing) > 1:  # more than one slice: the pool changes as a whole
+            wanted = slices.slice_specs(self._node_name, devices, current + 1, per_slice)
+            differing = list(range(len(wanted)))
         kept, obsolete = existing[:len(wanted)], existing[len(wanted):]
         for stale in obsolete:  # first: the pool must never show more slices than its count says
             self._api.delete_slice(_name(stale), CALL_TIMEOUT)
-        for index, spec in enumerate(wanted):
+        for index in differing:
             if index < len(kept):
-                body = {**kept[index], "spec": spec}
-                self._api.replace_slice(body, CALL_TIMEOUT)
+                spec = slices.keep_time_added(wanted[index], kept[index].get("spec") or {})
+                stored = self._api.replace_slice({**kept[index], "spec": spec}, CALL_TIMEOUT)
             else:
-                self._api.create_slice(slices.new_slice(self._node_name, self._node_uid, spec), CALL_TIMEOUT)
-        self.generation = generation
-        logger.info("Published ResourceSlices", pool=self._node_name, generation=generation,
-                    slices=len(wanted), devices=len(devices), deviceIDs=logged([d["name"] for d in devices]))
+                spec = wanted[index]
+                stored = self._api.create_slice(slices.new_slice(self._node_name, self._node_uid, spec),
+                                                CALL_TIMEOUT)
+            if self._taint_effect is not None and slices.taints_dropped(spec, stored.get("spec") or {}):
+                self._taint_effect = None
+                logger.warning("API server drops device taints; Unhealthy devices are left out of the slices",
+                               pool=self._node_name, taint=slices.UNHEALTHY_TAINT_KEY)
+        self.generation = wanted[0]["pool"]["generation"]
+        logger.info("Published ResourceSlices", pool=self._node_name, generation=self.generation,
+                    slices=len(wanted), devices=len(devices), deviceIDs=logged([d["name"] for d in devices]),
+                    tainted=logged([d["name"] for d in devices if d.get("taints")]))
         return True

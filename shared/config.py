@@ -15,7 +15,7 @@ import pathlib
 import re
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from shared import ipc
 from shared.cdi_annotation import CdiAnnotation
@@ -101,11 +101,17 @@ def _feature_file(text: str) -> pathlib.Path | None:
     return path
 
 
-def _cdi_annotation(text: str) -> CdiAnnotation:
-    try:
-        return CdiAnnotation(text)
-    except ValueError:
-        raise ValueError(f"not one of {', '.join(policy.value for policy in CdiAnnotation)}") from None
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _choice(kind: type[E]) -> Callable[[str], E]:
+    """The parser of a setting that takes one of an enum's values."""
+    def parse(text: str) -> E:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"not one of {', '.join(str(member.value) for member in kind)}") from None
+    return parse
 
 
 class ResourceApi(enum.Enum):
@@ -115,11 +121,15 @@ class ResourceApi(enum.Enum):
     DRA = "dra"
 
 
-def _resource_api(text: str) -> ResourceApi:
-    try:
-        return ResourceApi(text)
-    except ValueError:
-        raise ValueError(f"not one of {', '.join(api.value for api in ResourceApi)}") from None
+class TaintEffect(enum.Enum):
+    """DRA: the effect of the taint an Unhealthy device carries in its ResourceSlice."""
+
+    NO_SCHEDULE = "NoSchedule"
+    """New claims do not get the device; pods using it keep running."""
+    NO_EXECUTE = "NoExecute"
+    """As NoSchedule, and pods using the device are evicted."""
+    NONE = "None"
+    """Shown only: the device is allocated as if untainted."""
 
 
 # The DRA driver's name (the kubelet plugin's name, the ResourceSlices' driver, the DeviceClasses' selector).
@@ -209,13 +219,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("node_name", None, "NODE_NAME", "", str, "node name on traces and the startup log"),
     Option("nfd_feature_file", "--nfd-feature-file", "NFD_FEATURE_FILE", "", _feature_file,
            "node labels for Node Feature Discovery's local source, kept in this file; empty disables"),
-    Option("cdi_annotation", "--cdi-annotation", "CDI_ANNOTATION", CdiAnnotation.ALWAYS.value, _cdi_annotation,
+    Option("cdi_annotation", "--cdi-annotation", "CDI_ANNOTATION", CdiAnnotation.ALWAYS.value,
+           _choice(CdiAnnotation),
            "when Allocate returns the CDI annotation rebellions.ai/npu=runtime: always, when-resolvable (only "
            "while a spec in CDI_SPEC_DIRS defines it), never"),
     Option("cdi_spec_dirs", "--cdi-spec-dirs", "CDI_SPEC_DIRS", f"{CDI_ROOT_PLACEHOLDER}:/etc/cdi", _spec_dirs,
            "colon-separated CDI spec dirs searched for the annotation's device, as a runtime reads them "
            f"({CDI_ROOT_PLACEHOLDER} is CDI_ROOT)"),
-    Option("resource_api", "--resource-api", "RESOURCE_API", ResourceApi.DEVICE_PLUGIN.value, _resource_api,
+    Option("resource_api", "--resource-api", "RESOURCE_API", ResourceApi.DEVICE_PLUGIN.value,
+           _choice(ResourceApi),
            "how the NPUs are served: device-plugin (one worker per resource name) or dra (the DRA driver "
            f"{DRA_DRIVER}); never both on one node"),
     Option("kubelet_plugins_path", "--kubelet-plugins-path", "KUBELET_PLUGINS_PATH", "/var/lib/kubelet/plugins",
@@ -225,6 +237,10 @@ OPTIONS: tuple[Option, ...] = (
            f"DRA: the kubelet's plugin registry dir, where {DRA_REGISTRATION_SOCKET} is made"),
     Option("kubeconfig", None, "KUBECONFIG", "", _optional_path,
            "DRA: kubeconfig file for the API server; empty uses the pod's service account"),
+    Option("dra_unhealthy_taint_effect", "--dra-unhealthy-taint-effect", "DRA_UNHEALTHY_TAINT_EFFECT",
+           TaintEffect.NO_SCHEDULE.value, _choice(TaintEffect),
+           "DRA: effect of the taint on an Unhealthy device: NoSchedule (no new claim gets it), NoExecute (pods "
+           "using it are evicted too), None (shown only)"),
 )
 
 
@@ -252,6 +268,7 @@ class Settings:
     kubelet_plugins_path: pathlib.Path
     kubelet_plugin_registry_path: pathlib.Path
     kubeconfig: pathlib.Path | None
+    dra_unhealthy_taint_effect: TaintEffect
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -317,6 +334,7 @@ class Settings:
             "kubeletPluginsPath": str(self.kubelet_plugins_path),
             "kubeletPluginRegistryPath": str(self.kubelet_plugin_registry_path),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig else "",
+            "draUnhealthyTaintEffect": self.dra_unhealthy_taint_effect.value,
         }
 
 

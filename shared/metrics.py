@@ -116,13 +116,18 @@ CDI_SPEC_RESOLVABLE = Family("rbln_device_plugin_cdi_spec_resolvable", Kind.GAUG
                              "the Allocate annotation names")
 DRA_PREPARED_CLAIMS = Family("rbln_device_plugin_dra_prepared_claims", Kind.GAUGE,
                              "ResourceClaims worker-dra holds prepared (its checkpoint)")
+DRA_HEALTH_STREAMS = Family("rbln_device_plugin_dra_health_streams", Kind.GAUGE,
+                            "NodeWatchResources (device health) streams the kubelet holds open on worker-dra")
+DRA_TAINTED_DEVICES = Family("rbln_device_plugin_dra_tainted_devices", Kind.GAUGE,
+                             "Devices worker-dra publishes with the unhealthy taint")
 STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY,
-                  CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS)
+                  CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
 
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 # What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
 # appear in both modes, as zero while nothing happened.
-DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS)
+DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_HEALTH_STREAMS,
+                     DRA_TAINTED_DEVICES)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).

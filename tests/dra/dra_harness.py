@@ -147,6 +147,10 @@ class DraKubelet(KubeletHarness):
     def unprepare(self, pod_uid: str) -> None:
         self.request("unprepare", timeout=60, podUID=pod_uid)
 
+    def pod_health(self, pod: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Container -> its status.allocatedResourcesStatus, as the kubelet's next status sync would write it."""
+        return self.request("podHealth", pod=dict(pod))["containers"]
+
 
 def pod(name: str, namespace: str, claims: Mapping[str, str] | None = None,
         containers: Mapping[str, Iterable[str]] | None = None,
@@ -181,9 +185,12 @@ def claim(name: str, namespace: str, requests: Iterable[Mapping[str, Any]],
             "spec": {"devices": devices}}
 
 
-def exactly(name: str, device_class: str, count: int = 1, selectors: Iterable[str] = ()) -> dict[str, Any]:
-    """One request of a claim: `count` devices of a class, with CEL selectors."""
+def exactly(name: str, device_class: str, count: int = 1, selectors: Iterable[str] = (),
+            tolerations: Iterable[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """One request of a claim: `count` devices of a class, with CEL selectors and device taint tolerations."""
     request: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
     if selectors:
         request["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    if tolerations:
+        request["tolerations"] = [dict(t) for t in tolerations]
     return {"name": name, "exactly": request}

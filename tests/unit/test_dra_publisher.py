@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from loguru import logger
 
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
@@ -90,18 +91,79 @@ def test_the_pool_is_published_once_and_left_alone_while_nothing_changes(setup):
     assert publisher.reconcile_once() is False and store.changes == changes
 
 
-def test_a_health_change_bumps_the_generation_and_recovery_restores_the_device(setup):
+def _taints(store: SliceStore) -> dict[str, list]:
+    return {d["name"]: d["taints"] for s in store.slices.values() for d in s["spec"]["devices"] if d.get("taints")}
+
+
+def test_a_fault_taints_the_device_in_its_one_slice_and_keeps_the_pool_generation(setup):
     node, state, store, publisher = setup
+    feed(state, node)
+    publisher.reconcile_once()
+    changes = len(store.changes)
+    node.set_status("rbln0", 4)
+    feed(state, node, seq=2)
+    assert publisher.reconcile_once() is True
+    assert _taints(store) == {"rbln0": [{"key": "npu.rebellions.ai/unhealthy", "value": "FAULT",
+                                         "effect": "NoSchedule"}]}
+    assert "rbln0" in store.devices() and store.generations() == {1} and publisher.tainted == 1
+    assert [kind for kind, _ in store.changes[changes:]] == ["update"]
+    node.set_status("rbln0", 0)
+    feed(state, node, seq=3)
+    publisher.reconcile_once()
+    assert _taints(store) == {} and store.generations() == {1} and publisher.tainted == 0
+
+
+def test_a_change_of_more_than_one_slice_bumps_the_pool_generation(setup):
+    node, state, store, publisher = setup
+    feed(state, node)
+    publisher.reconcile_once()
+    spare = {"metadata": {"name": "zz-second"}, "spec": {"driver": DRA_DRIVER, "nodeName": NODE,
+                                                         "pool": {"name": NODE, "generation": 1}, "devices": []}}
+    store.slices["zz-second"] = spare  # a pool of two slices now, one more than it counts
+    feed(state, node, seq=2)
+    publisher = SlicePublisher(store, NODE, state.current, resync_period=3600)
+    assert publisher.reconcile_once() is True and store.generations() == {2}
+
+
+class TaintDroppingStore(SliceStore):
+    """An API server with DRADeviceTaints off: it stores slices without their devices' taints."""
+
+    def _strip(self, body: dict[str, Any]) -> dict[str, Any]:
+        devices = [{k: v for k, v in d.items() if k != "taints"} for d in body["spec"]["devices"]]
+        return {**body, "spec": {**body["spec"], "devices": devices}}
+
+    def create_slice(self, body, timeout):
+        return super().create_slice(self._strip(body), timeout)
+
+    def replace_slice(self, body, timeout):
+        return super().replace_slice(self._strip(body), timeout)
+
+
+def test_where_the_server_drops_taints_an_unhealthy_device_is_left_out_with_one_warning(tmp_path):
+    records: list[dict] = []
+    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
+    node = simulated_node(tmp_path)
+    state = InventoryState()
+    store = TaintDroppingStore()
+    publisher = SlicePublisher(store, NODE, state.current, resync_period=3600)
     feed(state, node)
     publisher.reconcile_once()
     node.set_status("rbln0", 4)
     feed(state, node, seq=2)
     assert publisher.reconcile_once() is True
-    assert "rbln0" not in store.devices() and store.generations() == {2}
-    node.set_status("rbln0", 0)
+    assert "rbln0" not in store.devices() and publisher.tainted == 0
+    node.set_status("rbln1", 4)
     feed(state, node, seq=3)
     publisher.reconcile_once()
-    assert "rbln0" in store.devices() and store.generations() == {3}
+    assert not {"rbln0", "rbln1"} & set(store.devices())
+    node.set_status("rbln0", 0)
+    node.set_status("rbln1", 0)
+    feed(state, node, seq=4)
+    publisher.reconcile_once()
+    assert {"rbln0", "rbln1"} <= set(store.devices())
+    logger.remove(sink)
+    assert [r["message"] for r in records] == [
+        "API server drops device taints; Unhealthy devices are left out of the slices"]
 
 
 def test_slices_deleted_by_someone_come_back_at_the_next_resync(setup):
