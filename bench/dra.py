@@ -43,9 +43,9 @@ from shared.cdi_annotation import CdiAnnotation
 from shared.device_status import read_status
 from shared.rbln_smi import RblnSmi, SmiUsage, run_bounded
 from shared.rsd_group import RsdGroups
+from simulator.kube_api import FakeKubeApi
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
-from tests.fake_kube_api import FakeKubeApi
 
 NODE = "bench-node"
 DRIVER = "npu.rebellions.ai"

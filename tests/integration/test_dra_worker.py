@@ -2,7 +2,7 @@
 sockets with gRPC the way the kubelet does: GetInfo, NotifyRegistrationStatus, Prepare and Unprepare repeated
 and out of order, v1 and v1beta1, with the worker killed in between.
 
-The API server here is the loopback stand-in of tests/fake_kube_api.py (claims written by the test, slices
+The API server here is the loopback stand-in of simulator/kube_api.py (claims written by the test, slices
 kept as the worker writes them); tests/dra runs the same worker against a real kube-apiserver and the kubelet's
 own DRA manager.
 """
@@ -27,8 +27,8 @@ from shared.pluginregistration.v1 import api_pb2 as reg
 from shared.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from shared.process_status import read_status
 from shared.supervisord.client import connect
+from simulator.kube_api import FakeKubeApi
 from simulator.stack import RUN_COMMAND
-from tests.fake_kube_api import FakeKubeApi
 
 NODE = "node-it"
 DRIVER = "npu.rebellions.ai"

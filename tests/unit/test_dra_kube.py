@@ -9,7 +9,7 @@ import pytest
 
 from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
-from tests.fake_kube_api import FakeKubeApi
+from simulator.kube_api import FakeKubeApi
 from tests.support.dra import NODE, claim, feed, simulated_node
 
 
