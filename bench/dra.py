@@ -46,6 +46,7 @@ from shared.rsd_group import RsdGroups
 from simulator.kube_api import FakeKubeApi
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
+from tests.support.certificates import self_signed
 
 NODE = "bench-node"
 DRIVER = "npu.rebellions.ai"
@@ -136,7 +137,7 @@ def stack_rows(flips: int) -> list[dict]:
     from shared.process_status import read_status as read_process_status
 
     credentials = tempfile.TemporaryDirectory(prefix="rbln-bench-dra-tls-")
-    api = FakeKubeApi(tls_dir=pathlib.Path(credentials.name)).start()
+    api = FakeKubeApi(tls=self_signed(pathlib.Path(credentials.name), "127.0.0.1")).start()
     api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "n"}}
     try:
         with common.temporary_node(NodeSpec.uniform(num_pfs=8, numa_nodes=2, switches=4)) as node:

@@ -1,8 +1,9 @@
-"""A loopback HTTP stand-in for the few API server endpoints worker-dra calls, for unit tests of its client
+"""A loopback HTTP stand-in for the few API server endpoints worker-dra calls: the API server of
+`rbln-device-plugin simulate --resource-api dra`, and of the tests of worker-dra's client and the benchmarks
 (the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
-every request, and can be told to fail the next requests with a status. Given a directory for its credentials, it
-serves HTTPS with a self-signed certificate that its kubeconfig names as the cluster's CA, as a real API server
-is reached: what the client loads and runs for TLS is then part of what is measured."""
+every request, and can be told to fail the next requests with a status. Given a key and a certificate, it serves
+HTTPS with them, and its kubeconfig names the certificate as the cluster's CA, as a real API server is reached:
+what the client loads and runs for TLS is then part of what is measured."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ import threading
 import urllib.parse
 from typing import Any
 
-from tests.support.certificates import self_signed
-
 RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 class FakeKubeApi:
-    def __init__(self, tls_dir: pathlib.Path | None = None) -> None:
+    def __init__(self, tls: tuple[pathlib.Path, pathlib.Path] | None = None) -> None:
+        """`tls`: (key, certificate) PEM files to serve HTTPS with; plain HTTP without."""
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -59,8 +59,8 @@ class FakeKubeApi:
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._ca: bytes | None = None
-        if tls_dir is not None:
-            key, cert = self_signed(tls_dir, "127.0.0.1")
+        if tls is not None:
+            key, cert = tls
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(cert, key)
             self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
@@ -80,8 +80,24 @@ class FakeKubeApi:
         self._server.shutdown()
         self.close()
 
+    def __enter__(self) -> FakeKubeApi:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def close(self) -> None:
         self._server.server_close()
+
+    def add_claim(self, body: dict[str, Any]) -> None:
+        """A ResourceClaim as the scheduler leaves it (allocated), for worker-dra to read."""
+        with self._lock:
+            self.claims[(body["metadata"]["namespace"], body["metadata"]["name"])] = body
+
+    def current_slices(self) -> list[dict[str, Any]]:
+        """The ResourceSlices as stored now, by name (safe while the server's threads change them)."""
+        with self._lock:
+            return [json.loads(json.dumps(self.slices[name])) for name in sorted(self.slices)]
 
     def kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
         cluster: dict[str, str] = {"server": self.url}

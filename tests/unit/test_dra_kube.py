@@ -10,6 +10,7 @@ import pytest
 from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
 from simulator.kube_api import FakeKubeApi
+from tests.support.certificates import self_signed
 from tests.support.dra import NODE, claim, feed, simulated_node
 
 
@@ -123,7 +124,7 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
 def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):
     """As a real API server is reached: HTTPS, its certificate checked against the cluster's CA; a server the
     kubeconfig names no CA for is refused (not one the system trusts), a failure and not a crash."""
-    api = FakeKubeApi(tls_dir=tmp_path).start()
+    api = FakeKubeApi(tls=self_signed(tmp_path, "127.0.0.1")).start()
     api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-tls"}}
     try:
         config = api.kubeconfig(tmp_path / "kubeconfig")
