@@ -13,7 +13,7 @@ from loguru import logger
 from dra_worker.checkpoint import Checkpoint
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
-from dra_worker.prepare import Preparer
+from dra_worker.prepare import Preparer, PrepareSettings
 from dra_worker.publisher import SlicePublisher
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
@@ -76,11 +76,10 @@ def main() -> None:
     inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
     checkpoint = Checkpoint(settings.dra_plugin_dir)
-    preparer = Preparer(api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file),
-                        checkpoint=checkpoint, cdi_root=settings.cdi_root,
-                        dev_root=settings.dev_root, pool=settings.node_name,
-                        read_status=lambda device: read_status(settings.sysfs_root, device),
-                        cdi_annotation=settings.cdi_annotation)
+    preparer = Preparer(PrepareSettings(
+        api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
+        read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,
+        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation))
     registration = RegistrationService(settings.dra_socket)
 
     def report() -> None:

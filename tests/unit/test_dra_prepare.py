@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_worker import cdi
-from dra_worker.checkpoint import Checkpoint
+from dra_worker.checkpoint import LOCK_NAME, LOCK_TIMEOUT, Checkpoint
 from dra_worker.inventory import InventoryState
-from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer
+from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer, PrepareSettings
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.cdi_spec import check_spec
 from shared.cdi_spec_dirs import parse_spec_text
@@ -27,13 +27,15 @@ def node(tmp_path):
     return simulated_node(tmp_path)
 
 
-def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic):
+def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic,
+              lock_timeout=LOCK_TIMEOUT):
     plugin_dir = tmp_path / "plugins" / "npu.rebellions.ai"
     plugin_dir.mkdir(parents=True, exist_ok=True)
-    return Preparer(api=store, inventory=state.current, rsd_groups=RsdGroups(RblnSmi(node.rbln_smi), node.lock_file),
-                    checkpoint=Checkpoint(plugin_dir), cdi_root=node.cdi_root, dev_root=node.dev_root, pool=NODE,
-                    read_status=lambda device: read_status(node.sysfs_root, device), cdi_annotation=annotation,
-                    node_timeout=timeout, clock=clock)
+    return Preparer(PrepareSettings(
+        api=store, inventory=state.current, rsd_groups=RsdGroups(RblnSmi(node.rbln_smi), node.lock_file),
+        checkpoint=Checkpoint(plugin_dir, lock_timeout=lock_timeout),
+        read_status=lambda device: read_status(node.sysfs_root, device), pool=NODE, cdi_root=node.cdi_root,
+        dev_root=node.dev_root, cdi_annotation=annotation, node_timeout=timeout, clock=clock))
 
 
 @pytest.fixture
@@ -238,14 +240,14 @@ def test_the_toolkit_s_device_is_named_as_cdi_annotation_says_and_a_missing_spec
     assert bool(warned) is (not resolvable and annotation is not CdiAnnotation.NEVER)
 
 
-def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, world, monkeypatch):
-    from dra_worker import prepare
+def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, tmp_path):
     from shared.rsd_group import held_flock
 
-    store, _state, preparer = world
-    monkeypatch.setattr(prepare, "SERIALIZE_TIMEOUT", 0.2)
+    store, state = ClaimStore(), InventoryState()
+    feed(state, node)
+    preparer = _preparer(node, tmp_path, store, state, lock_timeout=0.2)
     body = store.add(claim("uid-1", ["rbln0"]))
-    lock = node.root.parent / "plugins" / "npu.rebellions.ai" / prepare.SERIALIZE_LOCK
+    lock = node.root.parent / "plugins" / "npu.rebellions.ai" / LOCK_NAME
     with held_flock(lock, 1.0):  # another instance on the node, mid-call
         result = preparer.prepare([_ref(body)])["uid-1"]
         assert "still held by another process" in result.error
@@ -290,3 +292,32 @@ def test_any_claim_shape_gets_an_answer_and_leaves_the_node_consistent(node, wor
             assert {d.device for d in answer.devices} <= {"rbln0", "rbln1"}
         assert preparer.unprepare([ClaimRef("default", uid, "x")]) == {uid: None}
     assert _groups(node) == {} and not list(node.cdi_root.glob("k8s.npu.rebellions.ai-npu_*"))
+
+
+def test_two_instances_on_one_node_prepare_each_claim_once_and_agree(node, tmp_path):
+    """A surge upgrade's two instances share the checkpoint: racing on the same claims, each claim gets one
+    group, both answer alike, and an Unprepare by one is seen by the other's next Prepare."""
+    import threading
+
+    store, state = ClaimStore(), InventoryState()
+    feed(state, node)
+    instances = [_preparer(node, tmp_path, store, state) for _ in range(2)]
+    refs = [_ref(store.add(claim(f"uid-{i}", [f"rbln{i}"]))) for i in range(2)]
+    answers: list[dict] = []
+
+    def run(preparer):
+        answers.append(preparer.prepare(refs))
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in instances for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(a == answers[0] for a in answers) and all(r.error is None for r in answers[0].values())
+    assert sorted(_groups(node)) == sorted(r.rsd_group for r in answers[0].values())
+    creates = [c for c in node.smi_calls() if c["command"] == "create"]
+    assert len(creates) == 2, creates
+
+    assert instances[1].unprepare([refs[0]]) == {"uid-0": None}
+    again = instances[0].prepare([refs[0]])["uid-0"]
+    assert again.error is None and _groups(node)[again.rsd_group] == [_npus(node)["rbln0"]]
