@@ -15,6 +15,7 @@ from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
 from dra_worker.prepare import Preparer, PrepareSettings
 from dra_worker.publisher import SlicePublisher
+from dra_worker.rebuild import rebuild_claims
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
@@ -75,7 +76,8 @@ def main() -> None:
                                on_publish=metrics.slice_publish)
     inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
-    checkpoint = Checkpoint(settings.dra_plugin_dir)
+    checkpoint = Checkpoint(settings.dra_plugin_dir, rebuild=lambda: rebuild_claims(settings.cdi_root, smi.groups()),
+                            on_rebuilt=metrics.checkpoint_rebuild)
     preparer = Preparer(PrepareSettings(
         api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
         read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,

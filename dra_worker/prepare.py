@@ -126,11 +126,7 @@ class Preparer:
         self._settings = settings
 
     def prepared_count(self) -> int:
-        """For the status file: read without the lock (the file is replaced whole), never waiting for a call."""
-        try:
-            return len(self._settings.checkpoint.load())
-        except CheckpointError:
-            return 0
+        return self._settings.checkpoint.count()
 
     # -- Prepare ----------------------------------------------------------------------------------------
 
@@ -142,7 +138,7 @@ class Preparer:
         try:
             with self._settings.checkpoint.locked() as prepared:
                 for uid in refs:
-                    if uid in prepared and self._intact(uid, prepared[uid]):
+                    if uid in prepared and self._answerable(uid, prepared[uid]):
                         results[uid] = _answer(prepared[uid])
             allocations = self._read_allocations([ref for uid, ref in refs.items() if uid not in results], results)
             with self._settings.checkpoint.locked() as prepared:
@@ -179,13 +175,14 @@ class Preparer:
                        prepared: dict[str, PreparedClaim]) -> ClaimResult:
         """Prepare one claim and record it in `prepared` and on disk; called with the checkpoint locked."""
         recorded = prepared.get(ref.uid)
-        if recorded is not None and self._intact(ref.uid, recorded):  # another instance prepared it meanwhile
-            return _answer(recorded)
-        # A recorded claim that is not intact lost its group and spec to a reboot: prepared again, its entry
-        # replaced.
-        others = {uid: claim for uid, claim in prepared.items() if uid != ref.uid}
         try:
-            served = self._check_devices(list(devices), others)
+            if recorded is not None and self._answerable(ref.uid, recorded):  # another instance prepared it meanwhile
+                return _answer(recorded)
+            if recorded is not None and self._kept_by_node(ref.uid, recorded, devices):
+                return _answer(self._record(ref, devices, recorded.rsd_group, prepared))
+            # A recorded claim that is not intact lost its group and spec to a reboot: prepared again, its entry
+            # replaced.
+            served = self._check_devices(list(devices), {u: c for u, c in prepared.items() if u != ref.uid})
             with contextlib.ExitStack() as undo:
                 group: int | None = None
                 if served:
@@ -196,16 +193,33 @@ class Preparer:
                     undo.callback(self._remove_spec, ref.uid)
                     cdi.write_claim_spec(self._settings.cdi_root, ref.uid, {
                         d.record.device_id: (rsd_node(group), own_node(d.record.device_id)) for d in served})
-                common = [RUNTIME_DEVICE] if self._gives_runtime_device() else []
-                entry = PreparedClaim(ref.namespace, ref.name, tuple(
-                    PreparedDevice(name, devices[name], (cdi.qualified_name(ref.uid, name), *common))
-                    for name in sorted(devices)), group)
-                self._settings.checkpoint.save({**others, ref.uid: entry})
+                entry = self._record(ref, devices, group, prepared)
                 undo.pop_all()  # all done: nothing to undo
         except (PrepareError, RsdGroupError, CheckpointError, OSError, ValueError) as exc:
             return _claim_error(ref, exc)
-        prepared[ref.uid] = entry
         return _answer(entry)
+
+    def _record(self, ref: ClaimRef, devices: dict[str, tuple[str, ...]], group: int | None,
+                prepared: dict[str, PreparedClaim]) -> PreparedClaim:
+        """The claim's entry, saved in the checkpoint and put in `prepared`; CheckpointError if not saved."""
+        common = [RUNTIME_DEVICE] if self._gives_runtime_device() else []
+        entry = PreparedClaim(ref.namespace, ref.name, tuple(
+            PreparedDevice(name, devices[name], (cdi.qualified_name(ref.uid, name), *common))
+            for name in sorted(devices)), group)
+        self._settings.checkpoint.save({**prepared, ref.uid: entry})
+        prepared[ref.uid] = entry
+        return entry
+
+    def _kept_by_node(self, uid: str, entry: PreparedClaim, devices: dict[str, tuple[str, ...]]) -> bool:
+        """Whether a claim rebuilt from the node still has its group and spec for the devices it is allocated:
+        then its entry is completed from the claim, and the node is left as it is."""
+        if not entry.rebuilt or not self._intact(uid, entry):
+            return False
+        return {d.device for d in entry.devices} == set(devices)
+
+    def _answerable(self, uid: str, entry: PreparedClaim) -> bool:
+        """Whether a recorded claim's answer can be given as recorded (a rebuilt one lacks its requests)."""
+        return not entry.rebuilt and self._intact(uid, entry)
 
     def _intact(self, uid: str, entry: PreparedClaim) -> bool:
         """Whether a recorded claim's CDI spec is still there (it is written after the group and removed with it)."""
@@ -271,14 +285,15 @@ class Preparer:
         try:
             with self._settings.checkpoint.locked() as prepared:
                 for ref in claims:
-                    results[ref.uid] = self._unprepare_claim(ref.uid, prepared)
+                    results[ref.uid] = self._unprepare_claim(ref, prepared)
         except CheckpointError as exc:
             for ref in claims:
                 results.setdefault(ref.uid, str(exc))
         return results
 
-    def _unprepare_claim(self, uid: str, prepared: dict[str, PreparedClaim]) -> str | None:
+    def _unprepare_claim(self, ref: ClaimRef, prepared: dict[str, PreparedClaim]) -> str | None:
         """Undo one claim and drop it from `prepared` and from disk; called with the checkpoint locked."""
+        uid = ref.uid
         entry = prepared.get(uid)
         if entry is None:
             return None
@@ -288,7 +303,7 @@ class Preparer:
             cdi.remove_claim_spec(self._settings.cdi_root, uid)
             self._settings.checkpoint.save({other: claim for other, claim in prepared.items() if other != uid})
         except (RsdGroupError, OSError, CheckpointError) as exc:
-            return f"claim {entry.namespace}/{entry.name}: {type(exc).__name__}: {exc}"
+            return f"claim {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
         del prepared[uid]
         return None
 
