@@ -36,7 +36,7 @@ from loguru import logger
 from bench import common
 from dra_worker.checkpoint import Checkpoint
 from dra_worker.inventory import InventoryState
-from dra_worker.prepare import ClaimRef, Preparer
+from dra_worker.prepare import ClaimRef, Preparer, PrepareSettings
 from scanner.discovery import scan
 from shared import ipc
 from shared.cdi_annotation import CdiAnnotation
@@ -84,10 +84,10 @@ def prepare_rows(calls: int, data_root: str | None = None, suffix: str = "") -> 
         for resource, devices in result.inventories.items():
             state.on_inventory(ipc.InventoryMessage(resource, "e", 1, 0, devices, None, True, result.driver_version))
         claims = _Claims()
-        preparer = Preparer(api=claims, inventory=state.current, rsd_groups=RsdGroups(smi, node.lock_file),
-                            checkpoint=Checkpoint(pathlib.Path(data)), cdi_root=node.cdi_root, dev_root=node.dev_root,
-                            pool=NODE, read_status=lambda d: read_status(node.sysfs_root, d),
-                            cdi_annotation=CdiAnnotation.ALWAYS)
+        preparer = Preparer(PrepareSettings(
+            api=claims, inventory=state.current, rsd_groups=RsdGroups(smi, node.lock_file),
+            checkpoint=Checkpoint(pathlib.Path(data)), read_status=lambda d: read_status(node.sysfs_root, d),
+            pool=NODE, cdi_root=node.cdi_root, dev_root=node.dev_root, cdi_annotation=CdiAnnotation.ALWAYS))
         prepare_own: list[float] = []
         unprepare_own: list[float] = []
         smi_ms: list[float] = []

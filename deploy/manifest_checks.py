@@ -6,7 +6,8 @@ release: field names and types. The API server also rejects objects for reasons 
 schema states (a mount naming a volume that does not exist, two mounts at one path,
 duplicate names, a selector that does not match the template's labels). This module
 makes those checks for the kinds this project ships (DaemonSet, Pod), plus the
-device plugin's own rules: a DaemonSet update never surges, NPUs are requested
+device plugin's own rules: a DaemonSet update never surges in device plugin mode, and in DRA mode surges only
+with sockets named by the pod's UID (POD_UID from the downward API), NPUs are requested
 as whole numbers under `limits`, and a PodMonitor or NetworkPolicy selects the pods of a
 DaemonSet of the same render by labels they have and port names their container declares (and a
 NetworkPolicy's every rule has a source). A NodeFeatureRule (Node Feature Discovery) is
@@ -108,9 +109,13 @@ def _daemonset_problems(where: str, daemonset: dict[str, Any]) -> Iterator[str]:
             yield f"{where}: selector {key}={value} does not match the pod template's labels"
     strategy = spec.get("updateStrategy") or {}
     rolling = strategy.get("rollingUpdate") or {}
-    if str(rolling.get("maxSurge", 0)) not in ("0", "0%"):
+    surges = str(rolling.get("maxSurge", 0)) not in ("0", "0%")
+    if surges and _env(daemonset, "RESOURCE_API") != "dra":
         yield (f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice "
                "on a node")
+    if surges and _env_field(daemonset, "POD_UID") != "metadata.uid":
+        yield (f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r} but POD_UID is not the pod's "
+               "metadata.uid: two DRA instances on a node would share socket names")
     yield from _pod_spec_problems(where, template.get("spec") or {})
 
 
@@ -230,13 +235,23 @@ DRA_RULES = {("resource.k8s.io", "resourceclaims"): {"get"},
              ("", "nodes"): {"get"}}
 
 
-def _env(daemonset: dict[str, Any], name: str) -> str | None:
+def _env_entry(daemonset: dict[str, Any], name: str) -> dict[str, Any]:
+    """The first container's entry for the variable `name`; empty when no container sets it."""
     containers = (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
     for container in containers:
         for entry in container.get("env") or []:
             if entry.get("name") == name:
-                return entry.get("value")
-    return None
+                return entry
+    return {}
+
+
+def _env(daemonset: dict[str, Any], name: str) -> str | None:
+    return _env_entry(daemonset, name).get("value")
+
+
+def _env_field(daemonset: dict[str, Any], name: str) -> str | None:
+    """The downward-API field path the variable `name` is set from."""
+    return ((_env_entry(daemonset, name).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
 
 
 def _granted(documents: list[dict[str, Any]], namespace: str, account: str) -> dict[tuple[str, str], set[str]]:

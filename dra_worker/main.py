@@ -15,8 +15,9 @@ from dra_worker.checkpoint import Checkpoint
 from dra_worker.health import HealthReports, HealthWatch, add_health_services
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
-from dra_worker.prepare import Preparer
+from dra_worker.prepare import Preparer, PrepareSettings
 from dra_worker.publisher import SlicePublisher
+from dra_worker.rebuild import rebuild_claims
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
@@ -84,12 +85,12 @@ def main() -> None:
 
     inventory.on_change = inventory_changed  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
-    checkpoint = Checkpoint(settings.dra_plugin_dir)
-    preparer = Preparer(api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file),
-                        checkpoint=checkpoint, cdi_root=settings.cdi_root,
-                        dev_root=settings.dev_root, pool=settings.node_name,
-                        read_status=lambda device: read_status(settings.sysfs_root, device),
-                        cdi_annotation=settings.cdi_annotation)
+    checkpoint = Checkpoint(settings.dra_plugin_dir, rebuild=lambda: rebuild_claims(settings.cdi_root, smi.groups()),
+                            on_rebuilt=metrics.checkpoint_rebuild)
+    preparer = Preparer(PrepareSettings(
+        api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
+        read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,
+        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation))
     registration = RegistrationService(settings.dra_socket)
 
     def report() -> None:

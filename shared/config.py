@@ -136,6 +136,25 @@ class TaintEffect(enum.Enum):
 DRA_DRIVER = "npu.rebellions.ai"
 DRA_SOCKET = "dra.sock"
 DRA_REGISTRATION_SOCKET = f"{DRA_DRIVER}-reg.sock"
+# With POD_UID each instance has sockets of its own (the kubelet takes several registrations of one driver and
+# uses the newest): a surge upgrade's two instances on one node never share, or remove, each other's.
+_POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+DRA_REGISTRATION_SOCKETS = re.compile(rf"{re.escape(DRA_DRIVER)}(-[A-Za-z0-9][A-Za-z0-9-]{{0,63}})?-reg\.sock")
+"""The registration sockets of either naming scheme."""
+
+
+def dra_socket_name(pod_uid: str) -> str:
+    return f"dra-{pod_uid}.sock" if pod_uid else DRA_SOCKET
+
+
+def dra_registration_socket_name(pod_uid: str) -> str:
+    return f"{DRA_DRIVER}-{pod_uid}-reg.sock" if pod_uid else DRA_REGISTRATION_SOCKET
+
+
+def _pod_uid(text: str) -> str:
+    if text and not _POD_UID.fullmatch(text):
+        raise ValueError("not a pod UID (letters, digits and '-', at most 64)")
+    return text
 
 
 # Stands for CDI_ROOT in CDI_SPEC_DIRS, whose default follows the CDI root.
@@ -241,6 +260,8 @@ OPTIONS: tuple[Option, ...] = (
            TaintEffect.NO_SCHEDULE.value, _choice(TaintEffect),
            "DRA: effect of the taint on an Unhealthy device: NoSchedule (no new claim gets it), NoExecute (pods "
            "using it are evicted too), None (shown only)"),
+    Option("pod_uid", None, "POD_UID", "", _pod_uid,
+           "DRA: this pod's UID, in the names of its sockets (surge upgrades); empty: the fixed names"),
 )
 
 
@@ -269,6 +290,7 @@ class Settings:
     kubelet_plugin_registry_path: pathlib.Path
     kubeconfig: pathlib.Path | None
     dra_unhealthy_taint_effect: TaintEffect
+    pod_uid: str
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -283,8 +305,9 @@ class Settings:
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
         run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
         _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
-        _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, DRA_SOCKET, "KUBELET_PLUGINS_PATH")
-        _check_socket_room(values["kubelet_plugin_registry_path"], DRA_REGISTRATION_SOCKET,
+        _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, dra_socket_name(values["pod_uid"]),
+                           "KUBELET_PLUGINS_PATH")
+        _check_socket_room(values["kubelet_plugin_registry_path"], dra_registration_socket_name(values["pod_uid"]),
                            "KUBELET_PLUGIN_REGISTRY_PATH")
         values["cdi_spec_dirs"] = tuple(values["cdi_root"] if d == CDI_ROOT_PLACEHOLDER else pathlib.Path(d)
                                         for d in values["cdi_spec_dirs"])
@@ -303,11 +326,11 @@ class Settings:
 
     @property
     def dra_socket(self) -> pathlib.Path:
-        return self.dra_plugin_dir / DRA_SOCKET
+        return self.dra_plugin_dir / dra_socket_name(self.pod_uid)
 
     @property
     def dra_registration_socket(self) -> pathlib.Path:
-        return self.kubelet_plugin_registry_path / DRA_REGISTRATION_SOCKET
+        return self.kubelet_plugin_registry_path / dra_registration_socket_name(self.pod_uid)
 
     def log_fields(self) -> dict[str, Any]:
         """The resolved configuration, as the startup record carries it."""
@@ -335,6 +358,7 @@ class Settings:
             "kubeletPluginRegistryPath": str(self.kubelet_plugin_registry_path),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig else "",
             "draUnhealthyTaintEffect": self.dra_unhealthy_taint_effect.value,
+            "podUID": self.pod_uid,
         }
 
 

@@ -91,9 +91,11 @@ DRA_PREPARE_DURATION = Family("rbln_device_plugin_dra_prepare_duration_seconds",
 DRA_SLICE_PUBLISHES = Family("rbln_device_plugin_dra_slice_publishes_total", Kind.COUNTER,
                              "ResourceSlice reconciliations that changed the API server, or failed, by result",
                              ("result",))
+DRA_CHECKPOINT_REBUILDS = Family("rbln_device_plugin_dra_checkpoint_rebuilds_total", Kind.COUNTER,
+                                 "Unreadable checkpoints worker-dra moved aside and rebuilt from the node")
 EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
                   RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS, DRA_PREPARES,
-                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES)
+                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES, DRA_CHECKPOINT_REBUILDS)
 
 # State families.
 DEVICES = Family("rbln_device_plugin_devices", Kind.GAUGE,
@@ -126,8 +128,8 @@ STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 # What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
 # appear in both modes, as zero while nothing happened.
-DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_HEALTH_STREAMS,
-                     DRA_TAINTED_DEVICES)
+DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_CHECKPOINT_REBUILDS,
+                     DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
@@ -200,7 +202,7 @@ class Recorder:
             return files
         resource, smi_commands, dra = self._zero_series
         for family in EVENT_FAMILIES:
-            if not family.labels:
+            if not family.labels and (dra or family not in DRA_ONLY_FAMILIES):
                 files.touch(family)
         if resource is not None:
             for result in Result:
@@ -290,6 +292,9 @@ class Recorder:
         thread is the one place it happens)."""
         self._record(lambda f: f.inc(DRA_SLICE_PUBLISHES, (Result.SUCCESS if ok else Result.FAILURE).value))
         self.flush()
+
+    def checkpoint_rebuild(self) -> None:
+        self._record(lambda f: f.inc(DRA_CHECKPOINT_REBUILDS))
 
     def kubelet_restart(self) -> None:
         self._record(lambda f: f.inc(KUBELET_RESTARTS))

@@ -941,6 +941,17 @@ def test_dra_mode_sets_its_environment_and_mounts_the_kubelet_s_plugin_dirs():
     assert "/var/lib/kubelet/plugins" not in mounts_of()
 
 
+def test_dra_mode_surges_with_sockets_named_by_the_pod_uid_and_the_device_plugin_never_does():
+    """The new DRA pod registers before the old one stops (the kubelet uses the newest registration); two
+    device plugins on one node would serve the same devices."""
+    strategy = daemonset(values=DRA_VALUES)["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pod_uid = next(e for e in plugin_container(values=DRA_VALUES)["env"] if e["name"] == "POD_UID")
+    assert pod_uid == {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+    assert "POD_UID" not in {e["name"] for e in plugin_container()["env"]}
+    assert daemonset()["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
 def test_the_manifest_checks_catch_rbac_in_the_wrong_mode():
     dra_docs = render(values=DRA_VALUES)
     without_rbac = [d for d in dra_docs if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")]
