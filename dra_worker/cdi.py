@@ -72,7 +72,8 @@ class ClaimSpec:
     path: pathlib.Path
     claim_uid: str
     devices: tuple[str, ...]
-    rsd_group: int
+    rsd_group: int | None
+    """None for an admin-access claim's spec: its devices' own nodes only."""
 
 
 def claim_spec_paths(cdi_root: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
@@ -103,6 +104,6 @@ def _claim_spec_of(path: pathlib.Path, claim_uid: str, spec: Any) -> ClaimSpec:
             found = _RSD_HOST_PATH.fullmatch(str(node.get("hostPath")))
             if node.get("path") == CONTAINER_RSD_PATH and found:
                 groups.add(int(found.group(1)))
-    if not devices or len(groups) != 1:
-        raise ValueError(f"{len(devices)} devices in {len(groups)} RSD groups, not one group")
-    return ClaimSpec(path, claim_uid, tuple(sorted(devices)), groups.pop())
+    if not devices or len(groups) > 1:
+        raise ValueError(f"{len(devices)} devices in {len(groups)} RSD groups, not one group or none")
+    return ClaimSpec(path, claim_uid, tuple(sorted(devices)), groups.pop() if groups else None)

@@ -65,9 +65,12 @@ class PreparedClaim:
     rebuilt: bool = False
     """Rebuilt from the node after the checkpoint was lost: its devices and group are known, its name and the
     requests its devices serve come from the claim at its next Prepare."""
+    admin_access: bool = False
+    """A monitoring claim (adminAccess): no RSD group, and no other claim's holder of its devices."""
 
     def to_json(self) -> dict[str, Any]:
         return {"namespace": self.namespace, "name": self.name, "rsdGroup": self.rsd_group, "rebuilt": self.rebuilt,
+                "adminAccess": self.admin_access,
                 "devices": [{"device": d.device, "requests": list(d.requests), "cdiDeviceIDs": list(d.cdi_device_ids)}
                             for d in self.devices]}
 
@@ -76,12 +79,12 @@ class PreparedClaim:
         group = raw["rsdGroup"]
         if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
             raise TypeError("rsdGroup is not an integer")
-        rebuilt = raw.get("rebuilt", False)
-        if not isinstance(rebuilt, bool):
-            raise TypeError("rebuilt is not a boolean")
+        rebuilt, admin_access = raw.get("rebuilt", False), raw.get("adminAccess", False)
+        if not isinstance(rebuilt, bool) or not isinstance(admin_access, bool):
+            raise TypeError("rebuilt or adminAccess is not a boolean")
         devices = tuple(PreparedDevice(str(d["device"]), tuple(str(r) for r in d["requests"]),
                                        tuple(str(c) for c in d["cdiDeviceIDs"])) for d in raw["devices"])
-        return cls(str(raw["namespace"]), str(raw["name"]), devices, group, rebuilt)
+        return cls(str(raw["namespace"]), str(raw["name"]), devices, group, rebuilt, admin_access)
 
 
 def _moved_aside_path(path: pathlib.Path, now: datetime.datetime) -> pathlib.Path:

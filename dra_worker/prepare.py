@@ -6,6 +6,13 @@ devices under the node's RSD flock, a CDI spec and its checkpoint entry, in that
 a later one fails. Unprepare destroys the claim's group, removes its spec and drops its entry; an unknown
 claim is done already. Errors are per claim, never raised.
 
+A claim with admin access (KEP-5018: every allocation result of it says `adminAccess: true`, which the API server
+allows only in namespaces an administrator labelled) is for monitoring a device, not using it: it is prepared
+whatever other claims hold the device and whatever its health, gets a CDI spec with the device's own nodes only,
+and neither its Prepare nor its Unprepare touches an RSD group, so the workload keeps its /dev/rsd0. Other claims
+do not count it as the device's holder. An Unhealthy device is prepared for a claim whose allocation tolerates
+its taint (the scheduler copies a request's tolerations into the allocation result): a diagnostics pod's.
+
 Every look at the checkpoint and every change made on what it says happen under its file lock, which any
 instance on the node takes (two run during a surge upgrade): nothing is decided on an earlier read. A request
 takes the lock twice: first to answer the claims prepared already (they cost no API read), then, after the
@@ -31,6 +38,7 @@ from dra_worker import cdi
 from dra_worker.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from dra_worker.inventory import NodeInventory, ServedDevice
 from dra_worker.kube import ApiFailure
+from dra_worker.slices import UNHEALTHY_TAINT_KEY, taint_value
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.config import DRA_DRIVER
 from shared.device_health import Health
@@ -67,10 +75,27 @@ class PrepareError(Exception):
     """A claim that cannot be prepared; the message is the claim's error as the kubelet shows it."""
 
 
-def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, tuple[str, ...]]:
-    """This driver's devices of the claim's allocation, each with the requests it serves (subrequests cut, as
-    the kubelet gives containers requests by their own names); PrepareError if the claim is not this one or
-    not allocated here."""
+@dataclasses.dataclass(frozen=True)
+class AllocatedDevice:
+    """One device of a claim's allocation result."""
+
+    requests: tuple[str, ...]
+    """The requests it serves (subrequests cut, as the kubelet gives containers requests by their own names)."""
+    admin_access: bool = False
+    tolerations: tuple[Json, ...] = ()
+    """The device taint tolerations of its allocation result."""
+
+    def tolerates_unhealthy(self, status: str) -> bool:
+        """Whether the tolerations tolerate the unhealthy taint a device in driver status `status` carries."""
+        value = taint_value(status)
+        return any(t.get("key") in (None, "", UNHEALTHY_TAINT_KEY) and (
+            t.get("operator") == "Exists" or (t.get("operator", "Equal") == "Equal" and t.get("value") == value))
+            for t in self.tolerations)
+
+
+def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, AllocatedDevice]:
+    """This driver's devices of the claim's allocation; PrepareError if the claim is not this one or not allocated
+    here."""
     metadata = claim.get("metadata") or {}
     if metadata.get("uid") != ref.uid:
         raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {quoted(str(metadata.get('uid')))}, "
@@ -78,7 +103,7 @@ def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, tuple[
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
-    devices: dict[str, list[str]] = {}
+    devices: dict[str, AllocatedDevice] = {}
     for result in (allocation.get("devices") or {}).get("results") or []:
         if result.get("driver") != DRA_DRIVER:
             continue
@@ -86,10 +111,17 @@ def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, tuple[
             raise PrepareError(f"device {quoted(str(result.get('device')))} is allocated from pool "
                                f"{quoted(str(result.get('pool')))}, not this node's ({pool})")
         request = str(result.get("request") or "").split("/", 1)[0]
-        requests = devices.setdefault(str(result.get("device")), [])
-        if request and request not in requests:
-            requests.append(request)
-    return {device: tuple(requests) for device, requests in devices.items()}
+        name = str(result.get("device"))
+        known = devices.get(name, AllocatedDevice(()))
+        tolerations = tuple(t for t in result.get("tolerations") or () if isinstance(t, dict))
+        devices[name] = AllocatedDevice(known.requests + ((request,) if request and request not in known.requests
+                                                          else ()),
+                                        known.admin_access or result.get("adminAccess") is True,
+                                        known.tolerations + tolerations)
+    if len({device.admin_access for device in devices.values()}) > 1:
+        raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} mixes requests with and without admin access "
+                           "on this driver's devices; give the monitoring requests a claim of their own")
+    return devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +182,7 @@ class Preparer:
         return results
 
     def _read_allocations(self, refs: Sequence[ClaimRef], results: dict[str, ClaimResult]
-                          ) -> list[tuple[ClaimRef, dict[str, tuple[str, ...]]]]:
+                          ) -> list[tuple[ClaimRef, dict[str, AllocatedDevice]]]:
         """Each claim's devices from the API server, all reads within CLAIM_READ_TIMEOUT; a claim that cannot
         be read, or is not allocated here, gets its error in `results`."""
         allocations = []
@@ -171,7 +203,7 @@ class Preparer:
                                                      f"{type(exc).__name__}: {exc}")
         return allocations
 
-    def _prepare_claim(self, ref: ClaimRef, devices: dict[str, tuple[str, ...]],
+    def _prepare_claim(self, ref: ClaimRef, devices: dict[str, AllocatedDevice],
                        prepared: dict[str, PreparedClaim]) -> ClaimResult:
         """Prepare one claim and record it in `prepared` and on disk; called with the checkpoint locked."""
         recorded = prepared.get(ref.uid)
@@ -182,10 +214,15 @@ class Preparer:
                 return _answer(self._record(ref, devices, recorded.rsd_group, prepared))
             # A recorded claim that is not intact lost its group and spec to a reboot: prepared again, its entry
             # replaced.
-            served = self._check_devices(list(devices), {u: c for u, c in prepared.items() if u != ref.uid})
+            served = self._check_devices(devices, {u: c for u, c in prepared.items() if u != ref.uid})
             with contextlib.ExitStack() as undo:
                 group: int | None = None
-                if served:
+                if served and _admin(devices):  # the device's own nodes; no group made, none changed
+                    self._await_nodes([own_node(d.record.device_id) for d in served])
+                    undo.callback(self._remove_spec, ref.uid)
+                    cdi.write_claim_spec(self._settings.cdi_root, ref.uid,
+                                         {d.record.device_id: (own_node(d.record.device_id),) for d in served})
+                elif served:
                     self._await_nodes([own_node(d.record.device_id) for d in served])
                     group = self._settings.rsd_groups.recreate([d.record for d in served]).group_id
                     undo.callback(self._destroy_group, ref.uid, group)
@@ -199,18 +236,18 @@ class Preparer:
             return _claim_error(ref, exc)
         return _answer(entry)
 
-    def _record(self, ref: ClaimRef, devices: dict[str, tuple[str, ...]], group: int | None,
+    def _record(self, ref: ClaimRef, devices: dict[str, AllocatedDevice], group: int | None,
                 prepared: dict[str, PreparedClaim]) -> PreparedClaim:
         """The claim's entry, saved in the checkpoint and put in `prepared`; CheckpointError if not saved."""
         common = [RUNTIME_DEVICE] if self._gives_runtime_device() else []
         entry = PreparedClaim(ref.namespace, ref.name, tuple(
-            PreparedDevice(name, devices[name], (cdi.qualified_name(ref.uid, name), *common))
-            for name in sorted(devices)), group)
+            PreparedDevice(name, devices[name].requests, (cdi.qualified_name(ref.uid, name), *common))
+            for name in sorted(devices)), group, admin_access=_admin(devices))
         self._settings.checkpoint.save({**prepared, ref.uid: entry})
         prepared[ref.uid] = entry
         return entry
 
-    def _kept_by_node(self, uid: str, entry: PreparedClaim, devices: dict[str, tuple[str, ...]]) -> bool:
+    def _kept_by_node(self, uid: str, entry: PreparedClaim, devices: dict[str, AllocatedDevice]) -> bool:
         """Whether a claim rebuilt from the node still has its group and spec for the devices it is allocated:
         then its entry is completed from the claim, and the node is left as it is."""
         if not entry.rebuilt or not self._intact(uid, entry):
@@ -223,26 +260,30 @@ class Preparer:
 
     def _intact(self, uid: str, entry: PreparedClaim) -> bool:
         """Whether a recorded claim's CDI spec is still there (it is written after the group and removed with it)."""
-        return entry.rsd_group is None or cdi.spec_path(self._settings.cdi_root, uid).exists()
+        has_spec = entry.rsd_group is not None or (entry.admin_access and bool(entry.devices))
+        return not has_spec or cdi.spec_path(self._settings.cdi_root, uid).exists()
 
-    def _check_devices(self, devices: Sequence[str], others: dict[str, PreparedClaim]) -> list[ServedDevice]:
-        """The inventory's entries of `devices`; PrepareError unless each is known, prepared for none of the
-        `others` and Healthy now."""
+    def _check_devices(self, devices: dict[str, AllocatedDevice], others: dict[str, PreparedClaim]
+                       ) -> list[ServedDevice]:
+        """The inventory's entries of `devices`; PrepareError unless each is known, and (but for admin access)
+        prepared for none of the `others` and Healthy now, or tolerating its taint."""
         inventory = self._settings.inventory()
         if not inventory.complete:
             raise PrepareError("the node's inventory has not arrived from the scanner yet (just started); retry")
-        holders = {d.device: uid for uid, claim in others.items() for d in claim.devices}
+        holders = {d.device: uid for uid, claim in others.items() if not claim.admin_access for d in claim.devices}
         served = []
-        for name in devices:
+        for name, allocated in devices.items():
             device = inventory.devices.get(name)
             if device is None:
                 raise PrepareError(f"device {quoted(name)} is not a device of this node")
-            if name in holders:
-                raise PrepareError(f"device {name} is already prepared for claim {holders[name]}")
-            reading = self._settings.read_status(name)
-            healthy = reading.ready if reading.readable else device.health is Health.HEALTHY
-            if not healthy:
-                raise PrepareError(f"device {name} is Unhealthy ({reading.name})")
+            if not allocated.admin_access:
+                if name in holders:
+                    raise PrepareError(f"device {name} is already prepared for claim {holders[name]}")
+                reading = self._settings.read_status(name)
+                healthy = reading.ready if reading.readable else device.health is Health.HEALTHY
+                status = reading.name if reading.readable else device.lifecycle
+                if not healthy and not allocated.tolerates_unhealthy(status):
+                    raise PrepareError(f"device {name} is Unhealthy ({reading.name})")
             served.append(device)
         return served
 
@@ -306,6 +347,11 @@ class Preparer:
             return f"claim {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
         del prepared[uid]
         return None
+
+
+def _admin(devices: dict[str, AllocatedDevice]) -> bool:
+    """Whether the claim has admin access (allocated_devices refuses a claim that mixes)."""
+    return any(device.admin_access for device in devices.values())
 
 
 def elapsed_ms(started: float) -> float:

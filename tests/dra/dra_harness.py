@@ -186,9 +186,12 @@ def claim(name: str, namespace: str, requests: Iterable[Mapping[str, Any]],
 
 
 def exactly(name: str, device_class: str, count: int = 1, selectors: Iterable[str] = (),
-            tolerations: Iterable[Mapping[str, str]] = ()) -> dict[str, Any]:
-    """One request of a claim: `count` devices of a class, with CEL selectors and device taint tolerations."""
+            tolerations: Iterable[Mapping[str, str]] = (), admin_access: bool = False) -> dict[str, Any]:
+    """One request of a claim: `count` devices of a class, with CEL selectors and device taint tolerations, for
+    use or (admin access) for monitoring."""
     request: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if admin_access:
+        request["adminAccess"] = True
     if selectors:
         request["selectors"] = [{"cel": {"expression": s}} for s in selectors]
     if tolerations:

@@ -396,3 +396,63 @@ def test_two_instances_on_one_node_prepare_each_claim_once_and_agree(node, tmp_p
     assert instances[1].unprepare([refs[0]]) == {"uid-0": None}
     again = instances[0].prepare([refs[0]])["uid-0"]
     assert again.error is None and _groups(node)[again.rsd_group] == [_npus(node)["rbln0"]]
+
+
+def _admin(body):
+    for result in body["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    return body
+
+
+def test_an_admin_claim_shares_a_workload_s_device_without_touching_its_rsd_group(node, world, tmp_path):
+    store, state, preparer = world
+    workload = store.add(claim("uid-work", ["rbln0"]))
+    work = preparer.prepare([_ref(workload)])["uid-work"]
+    groups = _groups(node)
+    monitor = store.add(_admin(claim("uid-mon", ["rbln0"], name="monitor")))
+    result = preparer.prepare([_ref(monitor)])["uid-mon"]
+    assert result.error is None and result.rsd_group is None
+    assert _groups(node) == groups  # the workload keeps its group
+    spec = json.loads(cdi.spec_path(node.cdi_root, "uid-mon").read_bytes())
+    assert [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]] == ["/dev/rbln0"]
+    # A workload claim next to the admin one is not refused because of it, and unpreparing the admin claim
+    # leaves the workload's group.
+    other = store.add(claim("uid-work2", ["rbln1"]))
+    assert preparer.prepare([_ref(other)])["uid-work2"].error is None
+    assert preparer.unprepare([_ref(monitor)]) == {"uid-mon": None}
+    assert work.rsd_group in _groups(node) and not cdi.spec_path(node.cdi_root, "uid-mon").exists()
+    # Checkpointed like the others: a new preparer (a restarted worker) answers it the same.
+    again = store.add(_admin(claim("uid-mon2", ["rbln0"], name="monitor2")))
+    first = preparer.prepare([_ref(again)])["uid-mon2"]
+    restarted = _preparer(node, tmp_path, store, state)
+    assert restarted.prepare([_ref(again)])["uid-mon2"] == first and restarted.prepared_count() == 3
+
+
+def test_an_admin_claim_is_prepared_on_an_unhealthy_device_and_a_tolerating_claim_too(node, world):
+    store, _state, preparer = world
+    node.set_status("rbln0", 4)
+    plain = store.add(claim("uid-plain", ["rbln0"]))
+    assert "Unhealthy (FAULT)" in preparer.prepare([_ref(plain)])["uid-plain"].error
+    monitor = store.add(_admin(claim("uid-mon", ["rbln0"], name="monitor")))
+    assert preparer.prepare([_ref(monitor)])["uid-mon"].error is None
+    tolerant = claim("uid-diag", ["rbln0"], name="diagnostics")
+    tolerant["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [
+        {"key": "npu.rebellions.ai/unhealthy", "operator": "Equal", "value": "FAULT", "effect": "NoSchedule"}]
+    store.add(tolerant)
+    assert preparer.prepare([_ref(tolerant)])["uid-diag"].error is None
+
+
+def test_a_claim_mixing_admin_and_plain_requests_is_refused_with_the_reason(world):
+    store, _state, preparer = world
+    body = claim("uid-mix", ["rbln0", "rbln1"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    store.add(body)
+    assert "mixes requests with and without admin access" in preparer.prepare([_ref(body)])["uid-mix"].error
+
+
+def test_an_admin_claim_s_spec_is_rebuilt_as_an_admin_claim(node, world):
+    store, _state, preparer = world
+    monitor = store.add(_admin(claim("uid-mon", ["rbln1"], name="monitor")))
+    preparer.prepare([_ref(monitor)])
+    rebuilt = rebuild_claims(node.cdi_root, RblnSmi(node.rbln_smi).groups())
+    assert rebuilt["uid-mon"].admin_access and rebuilt["uid-mon"].rsd_group is None
