@@ -231,6 +231,9 @@ def crd_problems(where: str, document: dict[str, Any], crds: Iterable[dict[str, 
 DRA_DRIVER = "npu.rebellions.ai"
 # What worker-dra may do, and nothing more: (apiGroup, resource) -> verbs.
 DRA_RULES = {("resource.k8s.io", "resourceclaims"): {"get"},
+             # status.devices of a prepared claim: its node's token only (the synthetic subresource of 1.36+).
+             ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+             ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
              ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
              ("", "nodes"): {"get"}}
 

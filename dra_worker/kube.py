@@ -96,6 +96,18 @@ class KubeApi:
         return self._call(f"get ResourceClaim {namespace}/{name}",
                           lambda: dict(self._client.get(self._claims, name, namespace=namespace)), deadline)
 
+    def apply_claim_status(self, namespace: str, name: str, uid: str, devices: list[Json], timeout: float) -> None:
+        """Server-side apply of the claim's status.devices (this driver's entries; the UID must still match)."""
+        from lightkube.types import PatchType
+
+        deadline = self._clock() + timeout
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid}, "status": {"devices": devices}}
+        self._call(f"apply the status of ResourceClaim {namespace}/{name}",
+                   lambda: self._client.patch(self._claims.Status, name, body, namespace=namespace,
+                                              patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True),
+                   deadline)
+
     def node_uid(self, node_name: str, timeout: float) -> str:
         from lightkube.resources.core_v1 import Node
 

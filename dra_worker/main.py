@@ -12,6 +12,7 @@ import zmq
 from loguru import logger
 
 from dra_worker.checkpoint import Checkpoint
+from dra_worker.claim_status import ClaimStatusWriter
 from dra_worker.health import HealthReports, HealthWatch, add_health_services
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
@@ -102,7 +103,8 @@ def main() -> None:
             health_streams=health_watch.streams.open_streams, tainted_devices=publisher.tainted))
 
     registration.on_change = report
-    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)
+    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report,
+                       claim_status=ClaimStatusWriter(api, settings.node_name, inventory.current))
     health_watch = HealthWatch(health, settings.node_name, StreamTracker(on_change=report))
 
     def dra_services(server: grpc.Server) -> None:

@@ -65,6 +65,8 @@ class ClaimResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str | None = None
     rsd_group: int | None = None
+    prepared_now: bool = dataclasses.field(default=False, compare=False)
+    """Prepared by this call, not answered from the checkpoint (the answer is the same either way)."""
 
 
 class ClaimReader(Protocol):
@@ -234,7 +236,7 @@ class Preparer:
                 undo.pop_all()  # all done: nothing to undo
         except (PrepareError, RsdGroupError, CheckpointError, OSError, ValueError) as exc:
             return _claim_error(ref, exc)
-        return _answer(entry)
+        return dataclasses.replace(_answer(entry), prepared_now=True)
 
     def _record(self, ref: ClaimRef, devices: dict[str, AllocatedDevice], group: int | None,
                 prepared: dict[str, PreparedClaim]) -> PreparedClaim:

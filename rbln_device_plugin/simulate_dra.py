@@ -80,6 +80,9 @@ def _prepare(kubelet: DraKubeletStandIn, api: FakeKubeApi, node: SimulatedNode, 
     for spec_file in sorted(node.cdi_root.glob(f"*{CLAIM_UID}*")):
         print(f"  from the CDI spec {spec_file}:")
         print(textwrap.indent(json.dumps(json.loads(spec_file.read_text()), indent=2), "    "))
+    print("  and the claim's status.devices says:")
+    for entry in api.claim_status(NAMESPACE, CLAIM_NAME).get("devices") or ():
+        print(f"    {entry['device']}: {json.dumps(entry['data'], sort_keys=True)}")
 
 
 def _status_once(node: SimulatedNode, settled: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:

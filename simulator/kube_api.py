@@ -55,7 +55,7 @@ class FakeKubeApi:
                     status, answer = api._route(self.command, self.path, body)
                 self._answer(status, answer)
 
-            do_GET = do_POST = do_PUT = do_DELETE = _handle
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._ca: bytes | None = None
@@ -94,6 +94,11 @@ class FakeKubeApi:
         with self._lock:
             self.claims[(body["metadata"]["namespace"], body["metadata"]["name"])] = body
 
+    def claim_status(self, namespace: str, name: str) -> dict[str, Any]:
+        """A claim's status as stored now."""
+        with self._lock:
+            return json.loads(json.dumps((self.claims.get((namespace, name)) or {}).get("status") or {}))
+
     def current_slices(self) -> list[dict[str, Any]]:
         """The ResourceSlices as stored now, by name (safe while the server's threads change them)."""
         with self._lock:
@@ -110,12 +115,28 @@ class FakeKubeApi:
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
         return path
 
+    def _apply_claim_status(self, namespace: str, name: str, body: Any) -> tuple[int, Any]:
+        """Server-side apply of status.devices as the API server merges it: entries by driver, pool and device."""
+        claim = self.claims.get((namespace, name))
+        if claim is None:
+            return 404, _status(404, "claim not found")
+        if body["metadata"].get("uid") not in (None, claim["metadata"].get("uid")):
+            return 409, _status(409, "the UID in the precondition does not match")
+        status = claim.setdefault("status", {})
+        merged = {_device_key(d): d for d in status.get("devices") or []}
+        merged.update({_device_key(d): d for d in body.get("status", {}).get("devices") or []})
+        status["devices"] = list(merged.values())
+        return 200, claim
+
     def _route(self, method: str, raw_path: str, body: Any) -> tuple[int, Any]:
         url = urllib.parse.urlsplit(raw_path)
         parts = url.path.strip("/").split("/")
         if url.path.startswith("/api/v1/nodes/") and method == "GET":
             node = self.nodes.get(parts[-1])
             return (200, node) if node else (404, _status(404, "node not found"))
+        if url.path.startswith(RESOURCE + "/namespaces/") and parts[-3] == "resourceclaims" \
+                and parts[-1] == "status" and method == "PATCH":
+            return self._apply_claim_status(parts[-4], parts[-2], body)
         if url.path.startswith(RESOURCE + "/namespaces/") and parts[-2] == "resourceclaims" and method == "GET":
             claim = self.claims.get((parts[-3], parts[-1]))
             return (200, claim) if claim else (404, _status(404, "claim not found"))
@@ -143,6 +164,10 @@ class FakeKubeApi:
                 del self.slices[name]
                 return 200, _status(200, "deleted")
         return 404, _status(404, f"no route {method} {url.path}")
+
+
+def _device_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return entry.get("driver"), entry.get("pool"), entry.get("device")
 
 
 def _field(obj: dict[str, Any], dotted: str) -> Any:

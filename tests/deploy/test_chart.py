@@ -915,6 +915,8 @@ def test_dra_mode_grants_exactly_what_worker_dra_needs_to_its_service_account_an
     role = next(doc for doc in docs if doc["kind"] == "ClusterRole")
     assert {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
             for r in rule["resources"]} == manifest_checks.DRA_RULES
+    driver_rules = [rule for rule in role["rules"] if "resourceclaims/driver" in rule["resources"]]
+    assert [rule.get("resourceNames") for rule in driver_rules] == [["npu.rebellions.ai"]]
     binding = next(doc for doc in docs if doc["kind"] == "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod_spec(values=DRA_VALUES)["serviceAccountName"],
                                     "namespace": NAMESPACE}]

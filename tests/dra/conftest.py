@@ -86,7 +86,8 @@ def cluster(chart, tmp_path_factory) -> Iterator[ClusterAccess]:
     try:
         admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         admin.apply(*[obj for kind in _CHART_KINDS for obj in chart.get(kind) or ()], *accounts)
-        yield ClusterAccess(server, admin, tuple(d["metadata"]["name"] for d in chart.get("DeviceClass") or ()))
+        yield ClusterAccess(server, admin, tuple(d["metadata"]["name"] for d in chart.get("DeviceClass") or ()),
+                            (namespace, account["name"]))
     finally:
         admin.close()
         server.close()
@@ -98,6 +99,22 @@ class ClusterAccess:
     server: ApiServer
     admin: DraKubelet
     device_classes: tuple[str, ...]
+    service_account: tuple[str, str]
+    """The chart's (namespace, name)."""
+
+    def node_kubeconfig(self, node_name: str, path: pathlib.Path) -> str:
+        """A kubeconfig with the token the kubelet would give a plugin pod on the node: the chart's service
+        account's, bound to a pod of the node, so that it names the node (authentication.kubernetes.io/node-name)."""
+        namespace, account = self.service_account
+        token = self.admin.request("podToken", pod={
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"rbln-plugin-{node_name}", "namespace": namespace},
+            "spec": {"nodeName": node_name, "serviceAccountName": account,
+                     "containers": [{"name": "plugin", "image": "none"}]}})["token"]
+        config = yaml.safe_load(pathlib.Path(self.server.worker_kubeconfig).read_text())
+        for user in config["users"]:
+            user["user"] = {"token": token}
+        path.write_text(yaml.safe_dump(config))
+        return str(path)
 
 
 @pytest.fixture
@@ -114,6 +131,8 @@ class DraNode:
     node: SimulatedNode
     name: str
     namespace: str
+    kubeconfig: str
+    """The worker's credentials: the chart's service account, with a token bound to a pod on this node."""
 
     @property
     def registry(self) -> pathlib.Path:
@@ -125,7 +144,7 @@ class DraNode:
 
     def env(self, cluster: ClusterAccess, scan_interval: str = SCAN_INTERVAL) -> dict[str, str]:
         return {**self.node.env(scan_interval), "RESOURCE_API": "dra", "NODE_NAME": self.name,
-                "KUBECONFIG": cluster.server.worker_kubeconfig, "KUBELET_PLUGINS_PATH": str(self.plugins),
+                "KUBECONFIG": self.kubeconfig, "KUBELET_PLUGINS_PATH": str(self.plugins),
                 "KUBELET_PLUGIN_REGISTRY_PATH": str(self.registry), "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "debug"}
 
 
@@ -133,11 +152,11 @@ class DraNode:
 def make_node(node_root, cluster) -> Callable[..., DraNode]:
     def make(spec: str, numa_nodes: int = 1, switches: int = 2) -> DraNode:
         number = next(_NAMES)
-        dra_node = DraNode(build_node(node_root, NodeSpec.parse(spec, numa_nodes=numa_nodes, switches=switches)),
-                           f"dra-node-{number}", f"dra-{number}")
-        cluster.admin.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": dra_node.name}},
-                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": dra_node.namespace}})
-        return dra_node
+        name = f"dra-node-{number}"
+        cluster.admin.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"dra-{number}"}})
+        return DraNode(build_node(node_root, NodeSpec.parse(spec, numa_nodes=numa_nodes, switches=switches)),
+                       name, f"dra-{number}", cluster.node_kubeconfig(name, node_root / f"{name}.kubeconfig"))
     return make
 
 

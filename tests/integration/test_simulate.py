@@ -35,6 +35,7 @@ def test_simulate_in_dra_mode_shows_slices_a_prepared_claim_a_tainted_device_and
     assert "reports 6 device(s), all HEALTHY" in out
     assert "k8s.npu.rebellions.ai/npu=5e1f0c2a-0000-4000-8000-00000000c1a1-rbln0" in out
     assert '"path": "/dev/rsd0"' in out
+    assert 'rbln0: {"health": "Healthy", "pciBusID": "0000:03:00.0", "rsdGroup": "/dev/rsd1"}' in out
     assert "rbln0     npu   PCI 0000:03:00.0 NUMA 0 taint npu.rebellions.ai/unhealthy=FAULT:NoSchedule" in out
     assert "the health stream says rbln0 UNHEALTHY, message 'FAULT'" in out
     assert "dra: registered yes, 6 devices, 1 prepared claims, slice generation 1, 1 health streams, 1 tainted" in out

@@ -138,3 +138,21 @@ def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(t
         assert refused.value.status is None
     finally:
         api.stop()
+
+
+def test_a_claim_s_device_status_is_applied_to_the_status_subresource_with_the_claim_s_uid(tmp_path):
+    server = FakeKubeApi().start()
+    try:
+        server.claims[("team-c", "c3")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                           "metadata": {"name": "c3", "namespace": "team-c", "uid": "u3"}}
+        client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"))
+        entry = {"driver": "npu.rebellions.ai", "pool": NODE, "device": "rbln0", "data": {"health": "Healthy"}}
+        client.apply_claim_status("team-c", "c3", "u3", [entry], timeout=5)
+        assert server.claims[("team-c", "c3")]["status"]["devices"] == [entry]
+        assert server.requests[-1][0] == "PATCH"
+        assert server.requests[-1][1].startswith("/apis/resource.k8s.io/v1/namespaces/team-c/resourceclaims/c3/status")
+        assert "fieldManager=npu.rebellions.ai" in server.requests[-1][1]
+        with pytest.raises(ApiFailure):
+            client.apply_claim_status("team-c", "c3", "replaced", [entry], timeout=5)
+    finally:
+        server.stop()
