@@ -72,8 +72,8 @@ def main() -> None:
     api = LazyApi(settings.kubeconfig)
 
     inventory = InventoryState()
-    publisher = SlicePublisher(api, settings.node_name, inventory.current, settings.device_scan_interval,
-                               on_publish=metrics.slice_publish)
+    publisher = SlicePublisher(api, settings.node_name, inventory.current, on_publish=metrics.slice_publish,
+                               on_watch_restart=metrics.slice_watch_restart)
     inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
     checkpoint = Checkpoint(settings.dra_plugin_dir, rebuild=lambda: rebuild_claims(settings.cdi_root, smi.groups()),

@@ -98,8 +98,9 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
     assert starts == {"scanner", "worker-dra", "watchdog"}, "no device plugin worker runs in DRA mode"
     assert set(connect(node.run_dir).programs()) == {"scanner", "worker-dra", "watchdog"}
     assert not list(node.plugin_dir.glob("rbln-device-plugin-*.sock"))
-    # Anyone deleting the slices: they are back within a scan.
-    api.slices.clear()
+    # Anyone deleting the slices: the watch shows it, and they are back.
+    for name in list(api.slices):
+        api.remove_slice(name)
     stack.wait_for_record("Published ResourceSlices", count=2)
     assert _published(api) == expected
 
