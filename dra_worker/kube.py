@@ -7,6 +7,13 @@ any field they do not know (a newer API server's) on the way through. Credential
 the pod's service account, or the kubeconfig file KUBECONFIG names. A call that fails for a reason that may
 pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
 server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
+
+ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
+second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
+last version it saw, and raises what ends it otherwise. Deletes carry preconditions (UID and resourceVersion),
+which lightkube's public delete cannot send: `_delete_with_preconditions` builds that request from lightkube's
+generic client, checked against the version `LIGHTKUBE_CHECKED` names (tests/unit/test_dra_kube.py fails on
+another).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from shared.config import DRA_DRIVER
@@ -25,6 +32,8 @@ FIELD_MANAGER = DRA_DRIVER
 _RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
+# The lightkube release whose generic client `_delete_with_preconditions` was written and tested against.
+LIGHTKUBE_CHECKED = "1.0.1"
 
 
 class ApiFailure(RuntimeError):
@@ -48,6 +57,26 @@ class Backoff:
 
     def reset(self) -> None:
         self._next = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceList:
+    items: list[Json]
+    resource_version: str
+    """The list's version: a watch from it misses nothing."""
+
+
+def _delete_with_preconditions(client: Any, resource: Any, name: str, uid: str, resource_version: str) -> None:
+    """DELETE `name` only if it still has this UID and resourceVersion (else 409 Conflict), as lightkube's own
+    delete builds the request, with DeleteOptions in the body. Reaches into lightkube's generic client (see
+    LIGHTKUBE_CHECKED); what it buys: an obsolete slice is removed only as this worker saw it, never after another
+    writer changed or replaced it."""
+    generic = client._client
+    basic = generic.prepare_request("delete", res=resource, name=name)
+    options = {"apiVersion": "v1", "kind": "DeleteOptions",
+               "preconditions": {"uid": uid, "resourceVersion": resource_version}}
+    request = generic._client.build_request("DELETE", basic.url, params=basic.params, json=options)
+    generic.raise_for_status(generic.send(request))
 
 
 def _failure(exc: Exception, what: str) -> ApiFailure:
@@ -115,11 +144,29 @@ class KubeApi:
         node = self._call(f"get Node {node_name}", lambda: self._client.get(Node, node_name), deadline)
         return str(node.metadata.uid) if node.metadata is not None else ""
 
-    def list_slices(self, node_name: str, timeout: float) -> list[Json]:
-        deadline = self._clock() + timeout
-        fields: dict[str, Any] = {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
-        return self._call("list ResourceSlices",
-                          lambda: [dict(s) for s in self._client.list(self._slices, fields=fields)], deadline)
+    def _slice_fields(self, node_name: str) -> dict[str, Any]:
+        return {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
+
+    def list_slices(self, node_name: str, timeout: float) -> SliceList:
+        """This driver's slices of the node, and the list's version to watch from."""
+        def work() -> SliceList:
+            listing = self._client.list(self._slices, fields=self._slice_fields(node_name))
+            items = [dict(s) for s in listing]
+            return SliceList(items, listing.resourceVersion)
+
+        return self._call("list ResourceSlices", work, self._clock() + timeout)
+
+    def watch_slices(self, node_name: str, resource_version: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
+        """The events (ADDED, MODIFIED, DELETED; the object) on this driver's slices of the node after
+        `resource_version`, for as long as the watch lasts: lightkube resumes one the server ends after
+        `server_timeout` seconds from the last version it saw; ApiFailure for whatever ends it (410 Gone, the
+        server gone, a broken connection)."""
+        try:
+            for kind, item in self._client.watch(self._slices, fields=self._slice_fields(node_name),
+                                                 resource_version=resource_version, server_timeout=server_timeout):
+                yield kind, dict(item)
+        except Exception as exc:  # lightkube raises ApiError, httpx's errors, and more for a broken stream
+            raise _failure(exc, "watch ResourceSlices") from None
 
     def create_slice(self, body: Json, timeout: float) -> Json:
         deadline = self._clock() + timeout
@@ -127,14 +174,19 @@ class KubeApi:
                           lambda: dict(self._client.create(self._slices.from_dict(body))), deadline)
 
     def replace_slice(self, body: Json, timeout: float) -> Json:
+        """Update a slice; its metadata.resourceVersion is the precondition (409 Conflict if it changed)."""
         deadline = self._clock() + timeout
         return self._call(f"update ResourceSlice {body['metadata']['name']}",
                           lambda: dict(self._client.replace(self._slices.from_dict(body))), deadline)
 
-    def delete_slice(self, name: str, timeout: float) -> None:
+    def delete_slice(self, existing: Json, timeout: float) -> None:
+        """Delete a slice as it was seen (its UID and resourceVersion); one gone already is what was wanted."""
+        metadata = existing["metadata"]
+        name = metadata["name"]
         deadline = self._clock() + timeout
         try:
-            self._call(f"delete ResourceSlice {name}", lambda: self._client.delete(self._slices, name), deadline)
+            self._call(f"delete ResourceSlice {name}", lambda: _delete_with_preconditions(
+                self._client, self._slices, name, metadata["uid"], metadata["resourceVersion"]), deadline)
         except ApiFailure as failure:
-            if failure.status != 404:  # gone already: what was wanted
+            if failure.status != 404:
                 raise

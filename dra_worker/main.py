@@ -76,8 +76,9 @@ def main() -> None:
     api = LazyApi(settings.kubeconfig)
 
     inventory = InventoryState()
-    publisher = SlicePublisher(api, settings.node_name, inventory.current, settings.device_scan_interval,
-                               on_publish=metrics.slice_publish, taint_effect=settings.dra_unhealthy_taint_effect)
+    publisher = SlicePublisher(api, settings.node_name, inventory.current, on_publish=metrics.slice_publish,
+                               on_watch_restart=metrics.slice_watch_restart,
+                               taint_effect=settings.dra_unhealthy_taint_effect)
     health = HealthReports()
 
     def inventory_changed() -> None:

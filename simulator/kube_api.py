@@ -1,9 +1,11 @@
 """A loopback HTTP stand-in for the few API server endpoints worker-dra calls: the API server of
 `rbln-device-plugin simulate --resource-api dra`, and of the tests of worker-dra's client and the benchmarks
 (the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
-every request, and can be told to fail the next requests with a status. Given a key and a certificate, it serves
-HTTPS with them, and its kubeconfig names the certificate as the cluster's CA, as a real API server is reached:
-what the client loads and runs for TLS is then part of what is measured."""
+every request, and can be told to fail the next requests with a status. ResourceSlices have resource versions
+(one counter for all, as etcd's), updates and deletes honour them as preconditions (409), and a watch streams
+the slices' changes after a version until its timeoutSeconds pass or `end_watches` ends them. Given a key and a
+certificate, it serves HTTPS with them, and its kubeconfig names the certificate as the cluster's CA, as a real
+API server is reached: what the client loads and runs for TLS is then part of what is measured."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import pathlib
 import ssl
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -28,8 +31,14 @@ class FakeKubeApi:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.fail: list[int] = []
+        self.taints_off = False
+        """Store slices without their devices' taints, as an API server with DRADeviceTaints off does."""
         self._names = itertools.count()
-        self._lock = threading.Lock()  # guards everything above against the server's threads
+        self._version = 1
+        self._events: list[tuple[int, str, dict[str, Any]]] = []  # (version, type, object) of slice changes
+        self._watch_generation = 0  # bumped by end_watches
+        # Guards everything above against the server's threads; watches wait on it for changes.
+        self._lock = threading.Condition()
         api = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -52,8 +61,30 @@ class FakeKubeApi:
                     if api.fail:
                         status = api.fail.pop(0)
                         return self._answer(status, _status(status, "injected"))
+                    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+                    if query.get("watch") == "true":
+                        return self._stream(query)
                     status, answer = api._route(self.command, self.path, body)
                 self._answer(status, answer)
+
+            def _stream(self, query: dict[str, str]) -> None:
+                """Called with the lock held: the events after the version asked for, as they come."""
+                since, ends = int(query.get("resourceVersion") or 0), int(query.get("timeoutSeconds") or 3600)
+                generation, deadline = api._watch_generation, time.monotonic() + ends
+                wanted = _selector(query)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                while api._watch_generation == generation and time.monotonic() < deadline:
+                    for version, kind, item in [e for e in api._events if e[0] > since]:
+                        since = version
+                        if _selected(item, wanted):
+                            try:
+                                self.wfile.write(json.dumps({"type": kind, "object": item}).encode() + b"\n")
+                                self.wfile.flush()
+                            except OSError:  # the client went away
+                                return
+                    api._lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
@@ -87,6 +118,7 @@ class FakeKubeApi:
         self.stop()
 
     def close(self) -> None:
+        self.end_watches()
         self._server.server_close()
 
     def add_claim(self, body: dict[str, Any]) -> None:
@@ -103,6 +135,38 @@ class FakeKubeApi:
         """The ResourceSlices as stored now, by name (safe while the server's threads change them)."""
         with self._lock:
             return [json.loads(json.dumps(self.slices[name])) for name in sorted(self.slices)]
+
+    def end_watches(self) -> None:
+        """End every open watch, as an API server's restart does."""
+        with self._lock:
+            self._watch_generation += 1
+            self._lock.notify_all()
+
+    def put_slice(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Store a slice as a write by someone else would (a new version, an event)."""
+        with self._lock:
+            return self._store_slice(item, "MODIFIED" if item["metadata"]["name"] in self.slices else "ADDED")
+
+    def remove_slice(self, name: str) -> None:
+        with self._lock:
+            self._drop_slice(name)
+
+    def _store_slice(self, item: dict[str, Any], kind: str) -> dict[str, Any]:
+        self._version += 1
+        if self.taints_off:
+            devices = [{k: v for k, v in d.items() if k != "taints"} for d in item["spec"].get("devices") or []]
+            item = {**item, "spec": {**item["spec"], "devices": devices}}
+        item = {**item, "metadata": {**item["metadata"], "resourceVersion": str(self._version)}}
+        self.slices[item["metadata"]["name"]] = item
+        self._events.append((self._version, kind, item))
+        self._lock.notify_all()
+        return item
+
+    def _drop_slice(self, name: str) -> None:
+        self._version += 1
+        item = self.slices.pop(name)
+        self._events.append((self._version, "DELETED", item))
+        self._lock.notify_all()
 
     def kubeconfig(self, path: pathlib.Path) -> pathlib.Path:
         cluster: dict[str, str] = {"server": self.url}
@@ -142,32 +206,43 @@ class FakeKubeApi:
             return (200, claim) if claim else (404, _status(404, "claim not found"))
         if url.path == RESOURCE + "/resourceslices":
             if method == "GET":
-                selector = dict(urllib.parse.parse_qsl(url.query)).get("fieldSelector", "")
-                wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
-                items = [s for s in self.slices.values()
-                         if all(_field(s, key) == value for key, value in wanted.items())]
-                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
-                             "items": items}
+                wanted = _selector(dict(urllib.parse.parse_qsl(url.query)))
+                items = [s for s in self.slices.values() if _selected(s, wanted)]
+                return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                             "metadata": {"resourceVersion": str(self._version)}, "items": items}
             if method == "POST":
                 name = body["metadata"].get("name") or body["metadata"]["generateName"] + str(next(self._names))
-                body["metadata"] = {**body["metadata"], "name": name, "uid": f"uid-{name}", "resourceVersion": "1"}
-                self.slices[name] = body
-                return 201, body
+                body["metadata"] = {**body["metadata"], "name": name, "uid": f"uid-{name}"}
+                return 201, self._store_slice(body, "ADDED")
         if url.path.startswith(RESOURCE + "/resourceslices/"):
             name = parts[-1]
             if name not in self.slices:
                 return 404, _status(404, "slice not found")
+            stored = self.slices[name]["metadata"]
             if method == "PUT":
-                self.slices[name] = body
-                return 200, body
+                if body["metadata"].get("resourceVersion") not in (None, stored["resourceVersion"]):
+                    return 409, _status(409, "the object has been modified")
+                return 200, self._store_slice({**body, "metadata": {**body["metadata"], "uid": stored["uid"]}},
+                                              "MODIFIED")
             if method == "DELETE":
-                del self.slices[name]
+                preconditions = (body or {}).get("preconditions") or {}
+                if any(stored.get(key) != value for key, value in preconditions.items()):
+                    return 409, _status(409, "Precondition failed")
+                self._drop_slice(name)
                 return 200, _status(200, "deleted")
         return 404, _status(404, f"no route {method} {url.path}")
 
 
 def _device_key(entry: dict[str, Any]) -> tuple[Any, ...]:
     return entry.get("driver"), entry.get("pool"), entry.get("device")
+
+
+def _selector(query: dict[str, str]) -> dict[str, str]:
+    return dict(term.split("=", 1) for term in query.get("fieldSelector", "").split(",") if term)
+
+
+def _selected(item: dict[str, Any], wanted: dict[str, str]) -> bool:
+    return all(_field(item, key) == value for key, value in wanted.items())
 
 
 def _field(obj: dict[str, Any], dotted: str) -> Any:
@@ -178,5 +253,6 @@ def _field(obj: dict[str, Any], dotted: str) -> Any:
 
 def _status(code: int, message: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure" if code >= 400 else "Success",
-            "code": code, "reason": {404: "NotFound", 503: "ServiceUnavailable", 403: "Forbidden"}.get(code, ""),
+            "code": code, "reason": {404: "NotFound", 409: "Conflict", 503: "ServiceUnavailable",
+                                     403: "Forbidden"}.get(code, ""),
             "message": message}

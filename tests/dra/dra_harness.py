@@ -3,13 +3,18 @@ manager with the scheduler's allocator, driven with JSON lines like the conforma
 
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
 import queue
+import ssl
 import subprocess
 import threading
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import yaml
 
 from tests.conformance.kubelet_harness import HarnessError, KubeletHarness
 
@@ -26,6 +31,7 @@ class ApiServer:
         self._command = [str(binary), "apiserver", f"-dir={state_dir}", f"-service-account={service_account}"]
         self._proc: subprocess.Popen | None = None
         self.info: dict[str, Any] = {}
+        self.starts = 0
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -33,8 +39,10 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as log:
-            self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+        # A restart keeps the port, the etcd data and the credentials: clients reach the same server again.
+        command = [*self._command, f"-port={urllib.parse.urlsplit(self.url).port}"] if self.info else self._command
+        with open(self.log_path, "a") as log:
+            self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                           text=True)
         lines: queue.Queue[str] = queue.Queue()
         assert self._proc.stdout is not None
@@ -46,7 +54,41 @@ class ApiServer:
         if not line:
             raise HarnessError(f"dra-harness apiserver exited ({self._proc.wait()}): {self._log_tail()}")
         self.info = json.loads(line)
+        self.starts += 1
         return self
+
+    def restart(self) -> None:
+        """Stop (SIGTERM: kube-apiserver's own shutdown) and start again on the same port and data."""
+        self.close()
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return self.info.get("server", "")
+
+    def get(self, path: str, token: str | None = None) -> Any:
+        """GET `path` as the administrator (or with `token`); the answer's text."""
+        return self.request("GET", path, token=token).text
+
+    def request(self, method: str, path: str, token: str | None = None, body: Any = None) -> Any:
+        """An HTTP request to the API server as the administrator, or with another bearer token."""
+        import httpx2
+
+        config = yaml.safe_load(pathlib.Path(self.admin_kubeconfig).read_text())
+        ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
+        context = ssl.create_default_context(cadata=ca.decode())
+        bearer = token or config["users"][0]["user"]["token"]
+        with httpx2.Client(verify=context, timeout=30) as client:
+            return client.request(method, self.url + path, json=body, headers={"Authorization": f"Bearer {bearer}"})
+
+    def request_counts(self, resource: str) -> dict[str, float]:
+        """apiserver_request_total for `resource`, summed by verb (the API server's own count of requests)."""
+        counts: dict[str, float] = {}
+        for line in self.get("/metrics").splitlines():
+            if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line:
+                verb = line.split('verb="', 1)[1].split('"', 1)[0]
+                counts[verb] = counts.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
+        return counts
 
     def _log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

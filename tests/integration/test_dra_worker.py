@@ -83,7 +83,8 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
         stub = reg_grpc.RegistrationStub(channel)
         info = stub.GetInfo(reg.InfoRequest(), timeout=5)
         assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
-            "DRAPlugin", DRIVER, str(dra_sock), ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+            "DRAPlugin", DRIVER, str(dra_sock),
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"])
         stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error="no such version"),
                                       timeout=5)
         stack.wait_for_record("Kubelet refused the DRA plugin registration", err="no such version")
@@ -98,8 +99,9 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
     assert starts == {"scanner", "worker-dra", "watchdog"}, "no device plugin worker runs in DRA mode"
     assert set(connect(node.run_dir).programs()) == {"scanner", "worker-dra", "watchdog"}
     assert not list(node.plugin_dir.glob("rbln-device-plugin-*.sock"))
-    # Anyone deleting the slices: they are back within a scan.
-    api.slices.clear()
+    # Anyone deleting the slices: the watch shows it, and they are back.
+    for name in list(api.slices):
+        api.remove_slice(name)
     stack.wait_for_record("Published ResourceSlices", count=2)
     assert _published(api) == expected
 

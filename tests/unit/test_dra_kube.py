@@ -90,7 +90,8 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
 
     state = InventoryState()
     feed(state, node)
-    publisher = SlicePublisher(client, NODE, state.current, resync_period=0.0)
+    publisher = SlicePublisher(client, NODE, state.current)
+    publisher.view.replace(client.list_slices(NODE, timeout=5).items)
     assert publisher.reconcile_once() is True
     (published,) = server.slices.values()
     assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["generation"] == 1
@@ -99,8 +100,34 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
                    "spec.nodeName%3Dnode-a") in server.requests
     names = {d["name"] for d in published["spec"]["devices"]}
     assert "rbln0" in names
-    server.slices.clear()
-    assert publisher.reconcile_once() is True and len(server.slices) == 1
+
+
+def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_preconditions(server, client):
+    """lightkube's watch, and the delete `_delete_with_preconditions` builds from lightkube's generic client: a
+    request of the shape the API server takes, checked against the release it was written for."""
+    from importlib.metadata import version
+
+    from dra_worker.kube import LIGHTKUBE_CHECKED
+
+    assert version("lightkube") == LIGHTKUBE_CHECKED, "check _delete_with_preconditions against this release"
+    server.put_slice({"metadata": {"name": "s1", "uid": "uid-s1"}, "spec": {"driver": "npu.rebellions.ai",
+                                                                         "nodeName": NODE, "devices": []}})
+    listing = client.list_slices(NODE, timeout=5)
+    events = client.watch_slices(NODE, listing.resource_version, server_timeout=30)
+    server.put_slice({**server.slices["s1"]})
+    kind, item = next(events)
+    assert kind == "MODIFIED" and item["metadata"]["resourceVersion"] == server.slices["s1"]["metadata"][
+        "resourceVersion"]
+    assert any(method == "GET" and "watch=true" in path and "timeoutSeconds=30" in path
+               and f"resourceVersion={listing.resource_version}" in path
+               and "fieldSelector=spec.driver%3Dnpu.rebellions.ai%2Cspec.nodeName%3Dnode-a" in path
+               for method, path in server.requests)
+    with pytest.raises(ApiFailure, match="409"):
+        client.delete_slice(listing.items[0], timeout=5)  # changed since it was listed
+    client.delete_slice(item, timeout=5)
+    client.delete_slice(item, timeout=5)  # gone already: what was wanted
+    assert "s1" not in server.slices
+    server.end_watches()
 
 
 def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(server, client):
@@ -118,7 +145,7 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
                                             "devices": []}}, timeout=5)
     (stored,) = server.slices.values()
     assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
-    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5)] == ["x"]
+    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5).items] == ["x"]
 
 
 def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):
