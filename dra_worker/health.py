@@ -26,12 +26,12 @@ from loguru import logger
 
 from dra_worker.inventory import NodeInventory
 from dra_worker.slices import offered_devices
-from resource_worker.streams import StreamTracker
 from shared.device_health import Health
 from shared.dra_health.v1 import api_pb2 as v1_pb2
 from shared.dra_health.v1 import api_pb2_grpc as v1_grpc
 from shared.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from shared.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from shared.streams import StreamTracker
 
 # What the kubelet is told to allow between two reports of a device before it reads Unknown. The kubelet's own
 # default (healthinfo.go DefaultHealthTimeout), said outright so that a kubelet with another default judges the

@@ -22,7 +22,6 @@ from dra_worker.rebuild import rebuild_claims
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
-from resource_worker.streams import StreamTracker
 from shared import process_status, status_records
 from shared.config import DRA_DRIVER
 from shared.device_status import read_status
@@ -34,6 +33,7 @@ from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
 from shared.rsd_group import RsdGroups
 from shared.status_records import DraStatus
+from shared.streams import StreamTracker
 from shared.subscriber import InventorySubscriber
 from shared.tracing import setup_tracing
 from shared.version import VERSION

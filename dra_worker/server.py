@@ -11,7 +11,7 @@ from concurrent import futures
 
 import grpc
 
-from resource_worker.streams import MAX_OPEN_STREAMS
+from shared.streams import MAX_OPEN_STREAMS
 
 # Prepare and Unprepare are serialized anyway; the others wait in the queue rather than time out at once. Each
 # open health stream holds a thread of its own for its whole life: room for as many as may be open.

@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loguru import logger
 
-from resource_worker.streams import MAX_OPEN_STREAMS
 from scanner.publisher import InventoryPublisher
 from shared import ipc
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.resources import Resource
+from shared.streams import MAX_OPEN_STREAMS
 from shared.subscriber import InventorySubscriber
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node

@@ -19,11 +19,11 @@ from dra_worker.health import (
 )
 from dra_worker.inventory import InventoryState
 from dra_worker.server import UnixServer
-from resource_worker.streams import StreamTracker
 from shared.dra_health.v1 import api_pb2 as v1_pb2
 from shared.dra_health.v1 import api_pb2_grpc as v1_grpc
 from shared.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from shared.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from shared.streams import StreamTracker
 from tests.support.dra import NODE, feed, simulated_node
 from tests.support.waiting import wait_until
 
