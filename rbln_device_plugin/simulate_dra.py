@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import textwrap
 import time
 from collections.abc import Callable
@@ -97,13 +98,12 @@ def _status_once(node: SimulatedNode, settled: Callable[[dict[str, Any]], bool])
 
 
 def run(node: SimulatedNode, args: argparse.Namespace) -> int:
-    registry, plugins = node.root / "plugins_registry", node.root / "plugins"
+    registry = pathlib.Path(node.env()["KUBELET_PLUGIN_REGISTRY_PATH"])
     with FakeKubeApi() as api, DraKubeletStandIn(registry) as kubelet:
         api.nodes[NODE_NAME] = {"apiVersion": "v1", "kind": "Node",
                                 "metadata": {"name": NODE_NAME, "uid": "5e1f0c2a-0000-4000-8000-00000000n0de"}}
         environ = {**os.environ, **node.env(args.scan_interval), "RESOURCE_API": "dra", "NODE_NAME": NODE_NAME,
-                   "KUBECONFIG": str(api.kubeconfig(node.root / "kubeconfig")), "KUBELET_PLUGINS_PATH": str(plugins),
-                   "KUBELET_PLUGIN_REGISTRY_PATH": str(registry)}
+                   "KUBECONFIG": str(api.kubeconfig(node.root / "kubeconfig"))}
         with StackProcess(environ) as stack:
             print(f"Stack started in DRA mode (supervisord pid {stack.pid}); the API server is a stand-in on "
                   f"{api.url}.")
