@@ -14,7 +14,8 @@ NetworkPolicy's every rule has a source). A NodeFeatureRule (Node Feature Discov
 cluster-scoped, sets only valid labels, matches on something, and gives a DaemonSet of the same
 render its nodeSelector.
 A DaemonSet in DRA mode (RESOURCE_API=dra) gets a service account token and exactly the RBAC worker-dra
-needs, bound to its service account; in device plugin mode no token and no RBAC. A DeviceClass selects
+needs, bound to its service account, and a ValidatingAdmissionPolicy that limits that account's ResourceSlice
+writes to its own node; in device plugin mode no token and no RBAC. A DeviceClass selects
 devices of the driver npu.rebellions.ai and names one of the device plugin's resource names.
 
 Objects of a custom resource are checked against the schema of its CRD when the CRD
@@ -234,7 +235,7 @@ DRA_RULES = {("resource.k8s.io", "resourceclaims"): {"get"},
              # status.devices of a prepared claim: its node's token only (the synthetic subresource of 1.36+).
              ("resource.k8s.io", "resourceclaims/status"): {"patch"},
              ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
-             ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+             ("resource.k8s.io", "resourceslices"): {"list", "watch", "create", "update", "delete"},
              ("", "nodes"): {"get"}}
 
 
@@ -283,8 +284,29 @@ def _resource_api_problems(where: str, daemonset: dict[str, Any], documents: lis
         yield f"{where}: RESOURCE_API=dra needs the service account token, but it is not mounted"
     if dra and granted != DRA_RULES:
         yield f"{where}: RESOURCE_API=dra grants {sorted(granted.items())}, not exactly worker-dra's {DRA_RULES}"
+    user = f"system:serviceaccount:{namespace}:{pod.get('serviceAccountName') or 'default'}"
+    if dra and not _node_policy_for(documents, user):
+        yield (f"{where}: RESOURCE_API=dra, but no ValidatingAdmissionPolicy (bound with Deny) limits {user} to "
+               "its own node's ResourceSlices")
     if not dra and granted:
         yield f"{where}: the device plugin calls no API, yet its service account is granted {sorted(granted)}"
+
+
+def _node_policy_for(documents: list[dict[str, Any]], user: str) -> bool:
+    """Whether the render holds a ValidatingAdmissionPolicy, bound with Deny, on resourceslices writes of `user`
+    that compares the slice's node with the token's node name."""
+    bound = {(doc.get("spec") or {}).get("policyName") for doc in documents
+             if doc.get("kind") == "ValidatingAdmissionPolicyBinding"
+             and "Deny" in ((doc.get("spec") or {}).get("validationActions") or [])}
+    for policy in (doc for doc in documents if doc.get("kind") == "ValidatingAdmissionPolicy"):
+        spec = policy.get("spec") or {}
+        rules = (spec.get("matchConstraints") or {}).get("resourceRules") or []
+        text = repr(spec)
+        if ((policy.get("metadata") or {}).get("name") in bound
+                and any("resourceslices" in (r.get("resources") or []) for r in rules)
+                and f'"{user}"' in text and "authentication.kubernetes.io/node-name" in text and "nodeName" in text):
+            return True
+    return False
 
 
 def _device_class_problems(where: str, device_class: dict[str, Any]) -> Iterator[str]:

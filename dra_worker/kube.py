@@ -10,10 +10,12 @@ server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 
 ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
 second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
-last version it saw, and raises what ends it otherwise. Deletes carry preconditions (UID and resourceVersion),
-which lightkube's public delete cannot send: `_delete_with_preconditions` builds that request from lightkube's
-generic client, checked against the version `LIGHTKUBE_CHECKED` names (tests/unit/test_dra_kube.py fails on
-another).
+last version it saw, and raises what ends it otherwise. Two requests need what lightkube's public calls cannot
+send, and are built from its generic client as its own calls build theirs (`_watch_list`,
+`_delete_with_preconditions`), checked against the version `LIGHTKUBE_CHECKED` names (tests/unit/test_dra_kube.py
+fails on another): the watch-list (the slices as they are and then their changes, in one watch request with
+bookmarks, as client-go's informers ask since Kubernetes 1.32: no list request), and deletes with preconditions
+(UID and resourceVersion).
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class Backoff:
         self._next = 0.0
 
 
+SYNCED = "SYNCED"
+"""The event after a watch-list's initial ADDED events: from here on the view is the server's."""
+# The annotation of the bookmark that ends a watch-list's initial events.
+_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
 @dataclasses.dataclass(frozen=True)
 class SliceList:
     items: list[Json]
@@ -79,12 +87,44 @@ def _delete_with_preconditions(client: Any, resource: Any, name: str, uid: str, 
     generic.raise_for_status(generic.send(request))
 
 
+def _uncompressed(client: Any) -> None:
+    """Ask for answers as they are, not gzip-compressed. The API server compresses a watch-list's stream (its
+    initial events make it large) and then holds later events back until more follow: a deletion went unseen for
+    seconds on end (kube-apiserver 1.37, measured in tests/dra). worker-dra's answers are small (one node's
+    slices, one claim). Reaches into lightkube's generic client for its HTTP client (see LIGHTKUBE_CHECKED):
+    lightkube sends no header of a caller's with a watch."""
+    client._client._client.headers["Accept-Encoding"] = "identity"
+
+
+def _watch_list(client: Any, resource: Any, field_selector: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
+    """A watch-list as lightkube's own watch builds a watch, with sendInitialEvents and bookmarks: ADDED for each
+    object there is, SYNCED at the bookmark that ends them, then the changes; resumed (by lightkube, when the
+    server ends the watch) as a plain watch from the last version seen, which the bookmarks keep recent. Reaches
+    into lightkube's generic client (see LIGHTKUBE_CHECKED); what it buys: no list request at start or after a
+    failed watch, the request client-go's informers save."""
+    generic = client._client
+    request = generic.prepare_request("list", res=resource, watch=True, params={
+        "timeoutSeconds": server_timeout, "fieldSelector": field_selector, "allowWatchBookmarks": "true",
+        "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"})
+    for kind, item in generic.watch(request):
+        if kind != "BOOKMARK":
+            yield kind, dict(item)
+        elif ((dict(item).get("metadata") or {}).get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
+            for initial_only in ("sendInitialEvents", "resourceVersionMatch"):
+                request.params.pop(initial_only, None)
+            yield SYNCED, {}
+
+
 def _failure(exc: Exception, what: str) -> ApiFailure:
     from lightkube import ApiError
 
     if isinstance(exc, ApiError):
         return ApiFailure(f"{what}: {exc.status.code} {exc.status.reason}: {exc.status.message}",
                           exc.status.code)
+    response: Any = getattr(exc, "response", None)  # httpx's status error: a watch's refusal, its body unread
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return ApiFailure(f"{what}: {status} {getattr(response, 'reason_phrase', '')}", status)
     return ApiFailure(f"{what}: {type(exc).__name__}: {exc}")
 
 
@@ -100,6 +140,7 @@ class KubeApi:
                                              else KubeConfig.from_service_account())
         self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
                               trust_env=False)
+        _uncompressed(self._client)
         self._sleep = sleep
         self._clock = clock
         self._slices = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
@@ -155,6 +196,16 @@ class KubeApi:
             return SliceList(items, listing.resourceVersion)
 
         return self._call("list ResourceSlices", work, self._clock() + timeout)
+
+    def watch_list_slices(self, node_name: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
+        """This driver's slices of the node as ADDED events, then SYNCED, then their changes (ADDED, MODIFIED,
+        DELETED), for as long as the watch lasts (see `watch_slices`); ApiFailure for what ends it, 422 from a
+        server that does not serve watch-lists."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(self._slice_fields(node_name).items()))
+        try:
+            yield from _watch_list(self._client, self._slices, selector, server_timeout)
+        except Exception as exc:  # as watch_slices
+            raise _failure(exc, "watch-list ResourceSlices") from None
 
     def watch_slices(self, node_name: str, resource_version: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
         """The events (ADDED, MODIFIED, DELETED; the object) on this driver's slices of the node after

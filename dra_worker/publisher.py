@@ -1,11 +1,12 @@
 """Keeps the node's ResourceSlices equal to the inventory, at the cost of one watch
 (docs/dra.md#publishing-and-its-api-cost).
 
-Two threads, each owning its part. The watcher owns the view of the API server: it lists this driver's slices of
-the node (field selectors spec.nodeName and spec.driver), then watches them from the list's version and applies
-every event to the view. A watch the server ends at its timeout is resumed from the last version seen; one that
-fails (the API server restarted, 410 Gone, a broken connection) is re-established from a fresh list after a
-jittered backoff, so that a fleet's watches do not come back in one burst.
+Two threads, each owning its part. The watcher owns the view of the API server: one watch-list on this driver's
+slices of the node (field selectors spec.nodeName and spec.driver) gives the slices as they are and then every
+change, which it applies to the view (an API server without watch-lists: a list, then a watch from its version).
+A watch the server ends at its timeout is resumed from the last version seen; one that fails (the API server
+restarted, 410 Gone, a broken connection) is re-established afresh after a jittered backoff, so that a fleet's
+watches do not come back in one burst.
 
 The publisher wakes on every inventory snapshot and every watch event, and writes only when the slices it wants
 differ from the ones the view shows: obsolete slices deleted first (the UID and resourceVersion it saw as
@@ -33,7 +34,7 @@ from loguru import logger
 
 from dra_worker import slices
 from dra_worker.inventory import NodeInventory
-from dra_worker.kube import ApiFailure, Backoff, SliceList
+from dra_worker.kube import SYNCED, ApiFailure, Backoff, SliceList
 from shared.config import TaintEffect
 from shared.hostile_ids import logged
 
@@ -48,6 +49,8 @@ WATCH_SECONDS = (1800, 3600)
 RELIST_BACKOFF = (1.0, 30.0)
 # A watch that lasted this long was healthy: the next failure starts the backoff afresh.
 HEALTHY_WATCH = 60.0
+# What an API server without watch-lists answers one (the WatchList feature off): then a list and a watch.
+_NO_WATCH_LIST = frozenset({400, 422})
 # Writes less than this apart count as one fight with another writer; each fight step doubles the pause.
 FIGHT_WINDOW = 5.0
 FIGHT_PAUSE = (0.5, 30.0)
@@ -57,6 +60,7 @@ class SliceApi(Protocol):
     def node_uid(self, node_name: str, timeout: float) -> str: ...
     def list_slices(self, node_name: str, timeout: float) -> SliceList: ...
     def watch_slices(self, node_name: str, resource_version: str, server_timeout: int) -> Any: ...
+    def watch_list_slices(self, node_name: str, server_timeout: int) -> Any: ...
     def create_slice(self, body: Json, timeout: float) -> Json: ...
     def replace_slice(self, body: Json, timeout: float) -> Json: ...
     def delete_slice(self, existing: Json, timeout: float) -> None: ...
@@ -131,6 +135,8 @@ class SlicePublisher:
         # Owned by the publisher thread.
         self._node_uid = ""
         self._last_write = float("-inf")
+        # Owned by the watcher thread: False once the server refused a watch-list.
+        self._watch_list = True
         self._fights = 0
         self._taint_effect: TaintEffect | None = taint_effect
         """None once the API server was seen dropping taints."""
@@ -168,18 +174,39 @@ class SlicePublisher:
             if time.monotonic() - started > HEALTHY_WATCH:
                 backoff.reset()
             pause = backoff.pause() * (1 + self._draw())
-            logger.warning("ResourceSlice watch ended; listing again", err=reason, retryInSeconds=round(pause, 3))
+            logger.warning("ResourceSlice watch ended; starting it afresh", err=reason, retryInSeconds=round(pause, 3))
             self._on_watch_restart()
             self._stop.wait(pause)
 
     def _list_and_watch(self) -> None:
+        low, high = WATCH_SECONDS
+        seconds = int(low + (high - low) * self._draw())
+        if self._watch_list:
+            try:
+                self._follow(self._api.watch_list_slices(self._node_name, seconds), synced=False)
+                return
+            except ApiFailure as failure:
+                if failure.status not in _NO_WATCH_LIST:
+                    raise
+                self._watch_list = False
+                logger.info("The API server serves no watch-lists; listing, then watching", err=str(failure))
         listing = self._api.list_slices(self._node_name, CALL_TIMEOUT)
         self.view.replace(listing.items)
         self._wake.set()
-        low, high = WATCH_SECONDS
-        seconds = int(low + (high - low) * self._draw())
-        for kind, item in self._api.watch_slices(self._node_name, listing.resource_version, seconds):
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
+        self._follow(self._api.watch_slices(self._node_name, listing.resource_version, seconds), synced=True)
+
+    def _follow(self, events: Any, synced: bool) -> None:
+        """Apply the events to the view; before SYNCED (a watch-list's initial events), gather them and
+        replace the view with them at SYNCED."""
+        initial: list[Json] = []
+        for kind, item in events:
+            if kind == SYNCED:
+                self.view.replace(initial)
+                synced = True
+                self._wake.set()
+            elif not synced:
+                initial.append(item)
+            elif kind in ("ADDED", "MODIFIED", "DELETED"):
                 self.view.apply(kind, item)
                 self._wake.set()
             if self._stop.is_set():

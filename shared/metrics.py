@@ -94,8 +94,7 @@ DRA_SLICE_PUBLISHES = Family("rbln_device_plugin_dra_slice_publishes_total", Kin
 DRA_CHECKPOINT_REBUILDS = Family("rbln_device_plugin_dra_checkpoint_rebuilds_total", Kind.COUNTER,
                                  "Unreadable checkpoints worker-dra moved aside and rebuilt from the node")
 DRA_SLICE_WATCH_RESTARTS = Family("rbln_device_plugin_dra_slice_watch_restarts_total", Kind.COUNTER,
-                                  "Watches on the node's ResourceSlices that failed and were re-established from a "
-                                  "fresh list")
+                                  "Watches on the node's ResourceSlices that failed and were started afresh")
 EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
                   RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS, DRA_PREPARES,
                   DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES, DRA_CHECKPOINT_REBUILDS, DRA_SLICE_WATCH_RESTARTS)

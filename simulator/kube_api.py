@@ -3,7 +3,9 @@
 (the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
 every request, and can be told to fail the next requests with a status. ResourceSlices have resource versions
 (one counter for all, as etcd's), updates and deletes honour them as preconditions (409), and a watch streams
-the slices' changes after a version until its timeoutSeconds pass or `end_watches` ends them. Given a key and a
+the slices' changes after a version until its timeoutSeconds pass or `end_watches` ends them; a watch-list
+(sendInitialEvents) first sends the slices there are and the bookmark that ends them, or 422 while
+`watch_lists` is off, as from an API server without the WatchList feature. Given a key and a
 certificate, it serves HTTPS with them, and its kubeconfig names the certificate as the cluster's CA, as a real
 API server is reached: what the client loads and runs for TLS is then part of what is measured."""
 
@@ -37,6 +39,7 @@ class FakeKubeApi:
         self._version = 1
         self._events: list[tuple[int, str, dict[str, Any]]] = []  # (version, type, object) of slice changes
         self._watch_generation = 0  # bumped by end_watches
+        self.watch_lists = True
         # Guards everything above against the server's threads; watches wait on it for changes.
         self._lock = threading.Condition()
         api = self
@@ -72,9 +75,20 @@ class FakeKubeApi:
                 since, ends = int(query.get("resourceVersion") or 0), int(query.get("timeoutSeconds") or 3600)
                 generation, deadline = api._watch_generation, time.monotonic() + ends
                 wanted = _selector(query)
+                initial = query.get("sendInitialEvents") == "true"
+                if initial and not api.watch_lists:
+                    return self._answer(422, _status(422, "sendInitialEvents is forbidden for watch"))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
+                if initial:
+                    since = api._version
+                    lines = [{"type": "ADDED", "object": item} for item in api.slices.values()
+                             if _selected(item, wanted)]
+                    lines.append({"type": "BOOKMARK", "object": {
+                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
+                            "resourceVersion": str(since), "annotations": {"k8s.io/initial-events-end": "true"}}}})
+                    self.wfile.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
                 while api._watch_generation == generation and time.monotonic() < deadline:
                     for version, kind, item in [e for e in api._events if e[0] > since]:
                         since = version
@@ -253,6 +267,6 @@ def _field(obj: dict[str, Any], dotted: str) -> Any:
 
 def _status(code: int, message: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure" if code >= 400 else "Success",
-            "code": code, "reason": {404: "NotFound", 409: "Conflict", 503: "ServiceUnavailable",
-                                     403: "Forbidden"}.get(code, ""),
+            "code": code, "reason": {404: "NotFound", 409: "Conflict", 422: "Invalid",
+                                     503: "ServiceUnavailable", 403: "Forbidden"}.get(code, ""),
             "message": message}

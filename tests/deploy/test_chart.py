@@ -954,6 +954,18 @@ def test_dra_mode_surges_with_sockets_named_by_the_pod_uid_and_the_device_plugin
     assert daemonset()["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
 
 
+def test_dra_mode_limits_the_service_account_to_its_own_node_s_slices_and_the_checks_hold_it():
+    """The policy itself is shown on a real API server in tests/dra (test_policy.py)."""
+    docs = render(values=DRA_VALUES)
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    assert not {d["kind"] for d in render()} & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    without = [d for d in docs if d["kind"] != "ValidatingAdmissionPolicyBinding"]
+    assert any("no ValidatingAdmissionPolicy" in p for p in manifest_checks.problems(without))
+
+
 def test_the_manifest_checks_catch_rbac_in_the_wrong_mode():
     dra_docs = render(values=DRA_VALUES)
     without_rbac = [d for d in dra_docs if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")]

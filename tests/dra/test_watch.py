@@ -49,14 +49,14 @@ def test_a_slice_deleted_or_edited_by_someone_else_is_repaired_within_a_second(s
     undone = _timed_until(lambda: set(kubelet.published_devices()) == {"rbln0", "rbln1"}, 1.0,
                           "the edit undone within 1 s")
     assert repaired < 1.0 and undone < 1.0
-    assert not serving.stack.find("ResourceSlice watch ended; listing again")
+    assert not serving.stack.find("ResourceSlice watch ended; starting it afresh")
 
 
 def test_an_api_server_restart_is_recovered_from_a_fresh_list(serve, cluster):
     serving = serve("2", {"rbln0", "rbln1"})
     kubelet, stack = serving.kubelet, serving.stack
     cluster.server.restart()
-    stack.wait_for_record("ResourceSlice watch ended; listing again", timeout=30)
+    stack.wait_for_record("ResourceSlice watch ended; starting it afresh", timeout=30)
     wait_until(kubelet.registered, 30, "the kubelet reaches the restarted API server")
     # The watch is back: a deletion after the restart is repaired as before.
     (published,) = kubelet.slices()

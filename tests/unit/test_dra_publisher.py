@@ -176,8 +176,20 @@ def test_the_threads_publish_repair_within_a_second_of_a_watch_event_and_ask_not
         publisher.stop()
 
 
-def test_a_failed_watch_is_relisted_after_a_backoff_and_what_changed_meanwhile_repaired(setup, server):
+def _watch_lists(server) -> list[str]:
+    return [p for m, p in server.requests if m == "GET" and p.startswith(SLICES) and "sendInitialEvents=true" in p]
+
+
+def _lists(server) -> list[str]:
+    return [p for m, p in server.requests if m == "GET" and p.startswith(SLICES) and "watch=true" not in p]
+
+
+@pytest.mark.parametrize("watch_lists", [True, False])
+def test_a_failed_watch_is_started_afresh_after_a_backoff_and_what_changed_meanwhile_repaired(
+        setup, server, watch_lists):
+    """With watch-lists the fresh start is one watch request; a server without them is listed, then watched."""
     node, state, client, _publisher = setup
+    server.watch_lists = watch_lists
     restarts = []
     publisher = SlicePublisher(client, NODE, state.current, on_watch_restart=lambda: restarts.append(1),
                                draw=lambda: 0.0)
@@ -186,15 +198,17 @@ def test_a_failed_watch_is_relisted_after_a_backoff_and_what_changed_meanwhile_r
     try:
         wait_until(lambda: _devices(server), 10, "the pool published")
         devices = _devices(server)
-        lists = [p for m, p in server.requests if m == "GET" and p.startswith(SLICES) and "watch" not in p]
+        starts = (len(_watch_lists(server)), len(_lists(server)))
         server.fail = [500]  # the resumed watch fails: the server restarted
         server.end_watches()
         (name,) = server.slices
         server.remove_slice(name)
         wait_until(lambda: restarts, 5, "the watch restart counted")
         wait_until(lambda: _devices(server) == devices, 5, "the pool repaired after the fresh list")
-        relists = [p for m, p in server.requests if m == "GET" and p.startswith(SLICES) and "watch" not in p]
-        assert len(relists) == len(lists) + 1
+        if watch_lists:
+            assert (len(_watch_lists(server)), len(_lists(server))) == (starts[0] + 1, 0), "no list request"
+        else:
+            assert (len(_watch_lists(server)), len(_lists(server))) == (1, starts[1] + 1), "one refused watch-list"
     finally:
         publisher.stop()
 

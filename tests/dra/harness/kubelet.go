@@ -21,9 +21,6 @@ package main
 //	    into status.containerStatuses[].allocatedResourcesStatus (UpdateAllocatedResourcesStatus, fed by the
 //	    drivers' health streams): {"containers": {container: [ResourceStatus...]}}
 //	{"cmd": "apply", "objects": [OBJ...]}     server-side apply; {"objects": [applied...]}
-//	{"cmd": "podToken", "pod": POD}           creates the pod (bound to its spec.nodeName) and a token of its
-//	    service account bound to it, as the kubelet gets for a pod's projected token: it carries the node's name
-//	    (authentication.kubernetes.io/node-name). {"token": T}
 //	{"cmd": "list", "apiVersion", "kind", "namespace", "fieldSelector"}  {"items": [...]}
 //	{"cmd": "delete", "apiVersion", "kind", "namespace", "name"}
 
@@ -38,7 +35,6 @@ import (
 	"os"
 	"sync"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -180,8 +176,6 @@ func (s *kubeletSession) run(ctx context.Context, cmd command) (answer, error) {
 		return s.allocate(ctx, cmd.Pod, cmd.Claims, cmd.IgnoreAllocated)
 	case "allocateExtended":
 		return s.allocateExtended(ctx, cmd.Pod)
-	case "podToken":
-		return s.podToken(ctx, cmd.Pod)
 	}
 	if s.current == nil {
 		return nil, fmt.Errorf("%q before start", cmd.Cmd)
@@ -318,27 +312,6 @@ func (s *kubeletSession) podHealth(pod *v1.Pod) (answer, error) {
 		containers[container.Name] = append([]v1.ResourceStatus{}, container.AllocatedResourcesStatus...)
 	}
 	return answer{"containers": containers}, nil
-}
-
-// podToken is a plugin pod's service account token as the kubelet requests it for the pod's projected volume.
-func (s *kubeletSession) podToken(ctx context.Context, pod *v1.Pod) (answer, error) {
-	if pod == nil || pod.Spec.NodeName == "" || pod.Spec.ServiceAccountName == "" {
-		return nil, errors.New("podToken needs a pod with spec.nodeName and spec.serviceAccountName")
-	}
-	created, err := s.client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		return nil, err
-	}
-	expiry := int64(3600)
-	request := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry,
-		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: created.Name,
-			UID: created.UID}}}
-	token, err := s.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName,
-		request, metav1.CreateOptions{})
-	if err != nil {
-		return nil, err
-	}
-	return answer{"token": token.Status.Token}, nil
 }
 
 // -- API calls the tests need, with the kubelet's (administrator's) credentials -----------------------
