@@ -35,12 +35,11 @@ from typing import Any, Protocol
 from loguru import logger
 
 from dra_worker import cdi
+from dra_worker.allocation import AllocatedDevice, ClaimRef, PrepareError, allocated_devices, is_admin
 from dra_worker.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from dra_worker.inventory import NodeInventory, ServedDevice
 from dra_worker.kube import ApiFailure
-from dra_worker.slices import UNHEALTHY_TAINT_KEY, taint_value
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
-from shared.config import DRA_DRIVER
 from shared.device_health import Health
 from shared.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
 from shared.device_status import StatusReading
@@ -54,13 +53,6 @@ CLAIM_READ_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
-
-
-@dataclasses.dataclass(frozen=True)
 class ClaimResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str | None = None
@@ -71,59 +63,6 @@ class ClaimResult:
 
 class ClaimReader(Protocol):
     def get_claim(self, namespace: str, name: str, timeout: float) -> Json: ...
-
-
-class PrepareError(Exception):
-    """A claim that cannot be prepared; the message is the claim's error as the kubelet shows it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AllocatedDevice:
-    """One device of a claim's allocation result."""
-
-    requests: tuple[str, ...]
-    """The requests it serves (subrequests cut, as the kubelet gives containers requests by their own names)."""
-    admin_access: bool = False
-    tolerations: tuple[Json, ...] = ()
-    """The device taint tolerations of its allocation result."""
-
-    def tolerates_unhealthy(self, status: str) -> bool:
-        """Whether the tolerations tolerate the unhealthy taint a device in driver status `status` carries."""
-        value = taint_value(status)
-        return any(t.get("key") in (None, "", UNHEALTHY_TAINT_KEY) and (
-            t.get("operator") == "Exists" or (t.get("operator", "Equal") == "Equal" and t.get("value") == value))
-            for t in self.tolerations)
-
-
-def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, AllocatedDevice]:
-    """This driver's devices of the claim's allocation; PrepareError if the claim is not this one or not allocated
-    here."""
-    metadata = claim.get("metadata") or {}
-    if metadata.get("uid") != ref.uid:
-        raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {quoted(str(metadata.get('uid')))}, "
-                           f"not {quoted(ref.uid)}: it was replaced")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
-        raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
-    devices: dict[str, AllocatedDevice] = {}
-    for result in (allocation.get("devices") or {}).get("results") or []:
-        if result.get("driver") != DRA_DRIVER:
-            continue
-        if result.get("pool") != pool:
-            raise PrepareError(f"device {quoted(str(result.get('device')))} is allocated from pool "
-                               f"{quoted(str(result.get('pool')))}, not this node's ({pool})")
-        request = str(result.get("request") or "").split("/", 1)[0]
-        name = str(result.get("device"))
-        known = devices.get(name, AllocatedDevice(()))
-        tolerations = tuple(t for t in result.get("tolerations") or () if isinstance(t, dict))
-        devices[name] = AllocatedDevice(known.requests + ((request,) if request and request not in known.requests
-                                                          else ()),
-                                        known.admin_access or result.get("adminAccess") is True,
-                                        known.tolerations + tolerations)
-    if len({device.admin_access for device in devices.values()}) > 1:
-        raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} mixes requests with and without admin access "
-                           "on this driver's devices; give the monitoring requests a claim of their own")
-    return devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +158,7 @@ class Preparer:
             served = self._check_devices(devices, {u: c for u, c in prepared.items() if u != ref.uid})
             with contextlib.ExitStack() as undo:
                 group: int | None = None
-                if served and _admin(devices):  # the device's own nodes; no group made, none changed
+                if served and is_admin(devices):  # the device's own nodes; no group made, none changed
                     self._await_nodes([own_node(d.record.device_id) for d in served])
                     undo.callback(self._remove_spec, ref.uid)
                     cdi.write_claim_spec(self._settings.cdi_root, ref.uid,
@@ -244,7 +183,7 @@ class Preparer:
         common = [RUNTIME_DEVICE] if self._gives_runtime_device() else []
         entry = PreparedClaim(ref.namespace, ref.name, tuple(
             PreparedDevice(name, devices[name].requests, (cdi.qualified_name(ref.uid, name), *common))
-            for name in sorted(devices)), group, admin_access=_admin(devices))
+            for name in sorted(devices)), group, admin_access=is_admin(devices))
         self._settings.checkpoint.save({**prepared, ref.uid: entry})
         prepared[ref.uid] = entry
         return entry
@@ -349,11 +288,6 @@ class Preparer:
             return f"claim {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
         del prepared[uid]
         return None
-
-
-def _admin(devices: dict[str, AllocatedDevice]) -> bool:
-    """Whether the claim has admin access (allocated_devices refuses a claim that mixes)."""
-    return any(device.admin_access for device in devices.values())
 
 
 def elapsed_ms(started: float) -> float:
