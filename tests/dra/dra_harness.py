@@ -72,14 +72,24 @@ class ApiServer:
 
     def request(self, method: str, path: str, token: str | None = None, body: Any = None) -> Any:
         """An HTTP request to the API server as the administrator, or with another bearer token."""
+        with self.client(token) as client:
+            return client.request(method, path, json=body)
+
+    def client(self, token: str | None = None) -> Any:
+        """An HTTP client (httpx2) of the API server, as the administrator or with another bearer token."""
         import httpx2
 
         config = yaml.safe_load(pathlib.Path(self.admin_kubeconfig).read_text())
         ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
         context = ssl.create_default_context(cadata=ca.decode())
         bearer = token or config["users"][0]["user"]["token"]
-        with httpx2.Client(verify=context, timeout=30) as client:
-            return client.request(method, self.url + path, json=body, headers={"Authorization": f"Bearer {bearer}"})
+        return httpx2.Client(base_url=self.url, verify=context, timeout=60,
+                             headers={"Authorization": f"Bearer {bearer}"})
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
 
     def request_counts(self, resource: str) -> dict[str, float]:
         """apiserver_request_total for `resource`, summed by verb (the API server's own count of requests)."""
