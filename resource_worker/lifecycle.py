@@ -67,7 +67,7 @@ class PendingRegistration(Protocol):
 
 
 class StreamCount(Protocol):
-    """The instance's ListAndWatch streams (resource_worker.streams.StreamTracker)."""
+    """The instance's ListAndWatch streams (shared.kubelet.streams.StreamTracker)."""
 
     @property
     def open_streams(self) -> int: ...

@@ -32,8 +32,8 @@ from resource_worker.placement import (
     candidate_from_record,
     place,
 )
-from resource_worker.streams import StreamTracker
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from shared.kubelet.streams import StreamTracker
 from shared.node.device_record import DeviceRecord
 from shared.observability.hostile_ids import logged
 from shared.observability.metrics import Recorder, Result

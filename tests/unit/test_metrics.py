@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
 from resource_worker import servicer as servicer_module
 from resource_worker.servicer import DevicePluginServicer
-from resource_worker.streams import StreamTracker
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2
+from shared.kubelet.streams import StreamTracker
 from shared.observability import metrics
 from shared.observability.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
 from shared.observability.tracing import AllocationTracer
