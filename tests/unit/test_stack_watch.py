@@ -52,8 +52,8 @@ def _serving_worker(run_dir) -> subprocess.Popen:
     """A stand-in of worker-npu that has registered (its status file, stamped with its pid), and the scanner's
     status saying the node has npu: a worker that must run."""
     _publish(run_dir, **{"rebellions.ai/npu": 1})
-    code = ("import pathlib, sys; from shared import process_status; "
-            f"process_status.write_status(pathlib.Path({str(run_dir)!r}), 'worker-npu', "
+    code = ("import pathlib, sys; from shared.channels import status_files; "
+            f"status_files.write_status(pathlib.Path({str(run_dir)!r}), 'worker-npu', "
             "{'registered': True, 'streams': 1}); print(flush=True); sys.stdin.read()")
     worker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert worker.stdout is not None and worker.stdout.readline() == b"\n"
