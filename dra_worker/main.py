@@ -31,7 +31,7 @@ from shared.kubelet.streams import StreamTracker
 from shared.node.driver_status import read_status
 from shared.node.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.node.rsd_group import RsdGroups
-from shared.observability.metrics import recorder_for
+from shared.observability.metrics import Recorder, recorder_for
 from shared.observability.tracing import setup_tracing
 from shared.programs import WORKER_DRA
 from shared.resources import Resource
@@ -77,6 +77,33 @@ def _follow_inventories(context: zmq.Context, settings: Settings,
     return subscribers
 
 
+def _preparer(settings: Settings, api: LazyApi, inventory: InventoryState,
+              metrics: Recorder) -> tuple[Preparer, Checkpoint]:
+    """Prepare and Unprepare on this node: its checkpoint (rebuilt from the CDI specs and rbln-smi's groups when
+    unreadable), its RSD groups and its devices' status files."""
+    smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
+    checkpoint = Checkpoint(settings.dra_plugin_dir, rebuild=lambda: rebuild_claims(settings.cdi_root, smi.groups()),
+                            on_rebuilt=metrics.checkpoint_rebuild)
+    return Preparer(PrepareSettings(
+        api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
+        read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,
+        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation)), checkpoint
+
+
+def _servers(settings: Settings, plugin: DraPlugin, health_watch: HealthWatch,
+             registration: RegistrationService) -> tuple[UnixServer, UnixServer]:
+    """The DRA socket (the DRA and health services) and the registration socket, not started yet."""
+    def dra_services(server: grpc.Server) -> None:
+        add_services(server, plugin)
+        add_health_services(server, health_watch)
+
+    dra_server = UnixServer(settings.dra_socket, dra_services, "dra")
+    registration_server = UnixServer(
+        settings.dra_registration_socket,
+        lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")
+    return dra_server, registration_server
+
+
 def main() -> None:
     settings = start_process(WORKER_DRA, driver=DRA_DRIVER)
     shutdown = ShutdownSignal().install()
@@ -97,13 +124,7 @@ def main() -> None:
         health.update(inventory.current())
 
     inventory.on_change = inventory_changed  # before any snapshot can arrive: the subscribers start below
-    smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
-    checkpoint = Checkpoint(settings.dra_plugin_dir, rebuild=lambda: rebuild_claims(settings.cdi_root, smi.groups()),
-                            on_rebuilt=metrics.checkpoint_rebuild)
-    preparer = Preparer(PrepareSettings(
-        api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
-        read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,
-        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation))
+    preparer, checkpoint = _preparer(settings, api, inventory, metrics)
     registration = RegistrationService(settings.dra_socket)
 
     def report() -> None:
@@ -119,23 +140,14 @@ def main() -> None:
                        claim_status=ClaimStatusWriter(api, settings.node_name, inventory.current))
     health_watch = HealthWatch(health, settings.node_name, StreamTracker(on_change=report))
 
-    def dra_services(server: grpc.Server) -> None:
-        add_services(server, plugin)
-        add_health_services(server, health_watch)
-
-    dra_server = UnixServer(settings.dra_socket, dra_services, "dra")
-    registration_server = UnixServer(
-        settings.dra_registration_socket,
-        lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")
-
+    dra_server, registration_server = _servers(settings, plugin, health_watch, registration)
     context = zmq.Context()
     subscribers = _follow_inventories(context, settings, inventory)
     try:
         dra_server.start()
         registration_server.start()
         logger.info("Serving the DRA plugin", driver=DRA_DRIVER, endpoint=str(settings.dra_socket),
-                    registrationSocket=str(settings.dra_registration_socket),
-                    checkpoint=str(checkpoint.path))
+                    registrationSocket=str(settings.dra_registration_socket), checkpoint=str(checkpoint.path))
         publisher.start()
         report()
         while not shutdown.wait(settings.device_scan_interval):
