@@ -36,16 +36,17 @@ from loguru import logger
 from bench import common
 from dra_worker.checkpoint import Checkpoint
 from dra_worker.inventory import InventoryState
-from dra_worker.prepare import ClaimRef, Preparer
+from dra_worker.prepare import ClaimRef, Preparer, PrepareSettings
 from scanner.discovery import scan
 from shared import ipc
 from shared.cdi_annotation import CdiAnnotation
 from shared.device_status import read_status
 from shared.rbln_smi import RblnSmi, SmiUsage, run_bounded
 from shared.rsd_group import RsdGroups
+from simulator.kube_api import FakeKubeApi
 from simulator.spec import NodeSpec
 from simulator.stack import StackProcess
-from tests.fake_kube_api import FakeKubeApi
+from tests.support.certificates import self_signed
 
 NODE = "bench-node"
 DRIVER = "npu.rebellions.ai"
@@ -83,10 +84,10 @@ def prepare_rows(calls: int, data_root: str | None = None, suffix: str = "") -> 
         for resource, devices in result.inventories.items():
             state.on_inventory(ipc.InventoryMessage(resource, "e", 1, 0, devices, None, True, result.driver_version))
         claims = _Claims()
-        preparer = Preparer(api=claims, inventory=state.current, rsd_groups=RsdGroups(smi, node.lock_file),
-                            checkpoint=Checkpoint(pathlib.Path(data)), cdi_root=node.cdi_root, dev_root=node.dev_root,
-                            pool=NODE, read_status=lambda d: read_status(node.sysfs_root, d),
-                            cdi_annotation=CdiAnnotation.ALWAYS)
+        preparer = Preparer(PrepareSettings(
+            api=claims, inventory=state.current, rsd_groups=RsdGroups(smi, node.lock_file),
+            checkpoint=Checkpoint(pathlib.Path(data)), read_status=lambda d: read_status(node.sysfs_root, d),
+            pool=NODE, cdi_root=node.cdi_root, dev_root=node.dev_root, cdi_annotation=CdiAnnotation.ALWAYS))
         prepare_own: list[float] = []
         unprepare_own: list[float] = []
         smi_ms: list[float] = []
@@ -136,7 +137,7 @@ def stack_rows(flips: int) -> list[dict]:
     from shared.process_status import read_status as read_process_status
 
     credentials = tempfile.TemporaryDirectory(prefix="rbln-bench-dra-tls-")
-    api = FakeKubeApi(tls_dir=pathlib.Path(credentials.name)).start()
+    api = FakeKubeApi(tls=self_signed(pathlib.Path(credentials.name), "127.0.0.1")).start()
     api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "n"}}
     try:
         with common.temporary_node(NodeSpec.uniform(num_pfs=8, numa_nodes=2, switches=4)) as node:

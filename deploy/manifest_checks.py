@@ -6,14 +6,16 @@ release: field names and types. The API server also rejects objects for reasons 
 schema states (a mount naming a volume that does not exist, two mounts at one path,
 duplicate names, a selector that does not match the template's labels). This module
 makes those checks for the kinds this project ships (DaemonSet, Pod), plus the
-device plugin's own rules: a DaemonSet update never surges, NPUs are requested
+device plugin's own rules: a DaemonSet update never surges in device plugin mode, and in DRA mode surges only
+with sockets named by the pod's UID (POD_UID from the downward API), NPUs are requested
 as whole numbers under `limits`, and a PodMonitor or NetworkPolicy selects the pods of a
 DaemonSet of the same render by labels they have and port names their container declares (and a
 NetworkPolicy's every rule has a source). A NodeFeatureRule (Node Feature Discovery) is
 cluster-scoped, sets only valid labels, matches on something, and gives a DaemonSet of the same
 render its nodeSelector.
 A DaemonSet in DRA mode (RESOURCE_API=dra) gets a service account token and exactly the RBAC worker-dra
-needs, bound to its service account; in device plugin mode no token and no RBAC. A DeviceClass selects
+needs, bound to its service account, and a ValidatingAdmissionPolicy that limits that account's ResourceSlice
+writes to its own node; in device plugin mode no token and no RBAC. A DeviceClass selects
 devices of the driver npu.rebellions.ai and names one of the device plugin's resource names.
 
 Objects of a custom resource are checked against the schema of its CRD when the CRD
@@ -108,9 +110,13 @@ def _daemonset_problems(where: str, daemonset: dict[str, Any]) -> Iterator[str]:
             yield f"{where}: selector {key}={value} does not match the pod template's labels"
     strategy = spec.get("updateStrategy") or {}
     rolling = strategy.get("rollingUpdate") or {}
-    if str(rolling.get("maxSurge", 0)) not in ("0", "0%"):
+    surges = str(rolling.get("maxSurge", 0)) not in ("0", "0%")
+    if surges and _env(daemonset, "RESOURCE_API") != "dra":
         yield (f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r}; a device plugin must not run twice "
                "on a node")
+    if surges and _env_field(daemonset, "POD_UID") != "metadata.uid":
+        yield (f"{where}: rollingUpdate.maxSurge is {rolling['maxSurge']!r} but POD_UID is not the pod's "
+               "metadata.uid: two DRA instances on a node would share socket names")
     yield from _pod_spec_problems(where, template.get("spec") or {})
 
 
@@ -226,17 +232,30 @@ def crd_problems(where: str, document: dict[str, Any], crds: Iterable[dict[str, 
 DRA_DRIVER = "npu.rebellions.ai"
 # What worker-dra may do, and nothing more: (apiGroup, resource) -> verbs.
 DRA_RULES = {("resource.k8s.io", "resourceclaims"): {"get"},
-             ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "patch", "delete"},
+             # status.devices of a prepared claim: its node's token only (the synthetic subresource of 1.36+).
+             ("resource.k8s.io", "resourceclaims/status"): {"patch"},
+             ("resource.k8s.io", "resourceclaims/driver"): {"associated-node:patch"},
+             ("resource.k8s.io", "resourceslices"): {"list", "watch", "create", "update", "delete"},
              ("", "nodes"): {"get"}}
 
 
-def _env(daemonset: dict[str, Any], name: str) -> str | None:
+def _env_entry(daemonset: dict[str, Any], name: str) -> dict[str, Any]:
+    """The first container's entry for the variable `name`; empty when no container sets it."""
     containers = (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
     for container in containers:
         for entry in container.get("env") or []:
             if entry.get("name") == name:
-                return entry.get("value")
-    return None
+                return entry
+    return {}
+
+
+def _env(daemonset: dict[str, Any], name: str) -> str | None:
+    return _env_entry(daemonset, name).get("value")
+
+
+def _env_field(daemonset: dict[str, Any], name: str) -> str | None:
+    """The downward-API field path the variable `name` is set from."""
+    return ((_env_entry(daemonset, name).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
 
 
 def _granted(documents: list[dict[str, Any]], namespace: str, account: str) -> dict[tuple[str, str], set[str]]:
@@ -265,8 +284,29 @@ def _resource_api_problems(where: str, daemonset: dict[str, Any], documents: lis
         yield f"{where}: RESOURCE_API=dra needs the service account token, but it is not mounted"
     if dra and granted != DRA_RULES:
         yield f"{where}: RESOURCE_API=dra grants {sorted(granted.items())}, not exactly worker-dra's {DRA_RULES}"
+    user = f"system:serviceaccount:{namespace}:{pod.get('serviceAccountName') or 'default'}"
+    if dra and not _node_policy_for(documents, user):
+        yield (f"{where}: RESOURCE_API=dra, but no ValidatingAdmissionPolicy (bound with Deny) limits {user} to "
+               "its own node's ResourceSlices")
     if not dra and granted:
         yield f"{where}: the device plugin calls no API, yet its service account is granted {sorted(granted)}"
+
+
+def _node_policy_for(documents: list[dict[str, Any]], user: str) -> bool:
+    """Whether the render holds a ValidatingAdmissionPolicy, bound with Deny, on resourceslices writes of `user`
+    that compares the slice's node with the token's node name."""
+    bound = {(doc.get("spec") or {}).get("policyName") for doc in documents
+             if doc.get("kind") == "ValidatingAdmissionPolicyBinding"
+             and "Deny" in ((doc.get("spec") or {}).get("validationActions") or [])}
+    for policy in (doc for doc in documents if doc.get("kind") == "ValidatingAdmissionPolicy"):
+        spec = policy.get("spec") or {}
+        rules = (spec.get("matchConstraints") or {}).get("resourceRules") or []
+        text = repr(spec)
+        if ((policy.get("metadata") or {}).get("name") in bound
+                and any("resourceslices" in (r.get("resources") or []) for r in rules)
+                and f'"{user}"' in text and "authentication.kubernetes.io/node-name" in text and "nodeName" in text):
+            return True
+    return False
 
 
 def _device_class_problems(where: str, device_class: dict[str, Any]) -> Iterator[str]:

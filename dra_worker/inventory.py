@@ -22,6 +22,9 @@ class ServedDevice:
     record: DeviceRecord
     resource: Resource
     health: Health
+    lifecycle: str = "READY"
+    """The driver status the health rests on (READY, FAULT, BUSY, ...; UNREADABLE while none was read): what the
+    health stream's message and the slice's taint say of an Unhealthy device."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +40,6 @@ class NodeInventory:
     @property
     def complete(self) -> bool:
         return self.synced == frozenset(Resource)
-
-    def healthy(self) -> list[ServedDevice]:
-        return [d for _, d in sorted(self.devices.items()) if d.health is Health.HEALTHY]
 
 
 class InventoryState:
@@ -62,8 +62,9 @@ class InventoryState:
             devices = {}
             for resource, latest in self._messages.items():
                 for record in latest.devices:
-                    health = self._history.observe(record.device_id, record.status, record.observed_at_ns).health
-                    devices[record.device_id] = ServedDevice(record, resource, health)
+                    verdict = self._history.observe(record.device_id, record.status, record.observed_at_ns)
+                    devices[record.device_id] = ServedDevice(record, resource, verdict.health,
+                                                             verdict.decided_by.name)
             driver = next((m.driver_version for m in self._messages.values() if m.driver_version), "")
             self._current = NodeInventory(devices, driver, message.cdi_resolvable, frozenset(self._messages))
         # Every snapshot: the publisher compares what it would publish with what it did, at no API cost.

@@ -7,6 +7,15 @@ any field they do not know (a newer API server's) on the way through. Credential
 the pod's service account, or the kubeconfig file KUBECONFIG names. A call that fails for a reason that may
 pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
 server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
+
+ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
+second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
+last version it saw, and raises what ends it otherwise. Two requests need what lightkube's public calls cannot
+send, and are built from its generic client as its own calls build theirs (`_watch_list`,
+`_delete_with_preconditions`), checked against the version `LIGHTKUBE_CHECKED` names (tests/unit/test_dra_kube.py
+fails on another): the watch-list (the slices as they are and then their changes, in one watch request with
+bookmarks, as client-go's informers ask since Kubernetes 1.32: no list request), and deletes with preconditions
+(UID and resourceVersion).
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from shared.config import DRA_DRIVER
@@ -25,6 +34,8 @@ FIELD_MANAGER = DRA_DRIVER
 _RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
+# The lightkube release whose generic client `_delete_with_preconditions` was written and tested against.
+LIGHTKUBE_CHECKED = "1.0.1"
 
 
 class ApiFailure(RuntimeError):
@@ -50,12 +61,70 @@ class Backoff:
         self._next = 0.0
 
 
+SYNCED = "SYNCED"
+"""The event after a watch-list's initial ADDED events: from here on the view is the server's."""
+# The annotation of the bookmark that ends a watch-list's initial events.
+_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceList:
+    items: list[Json]
+    resource_version: str
+    """The list's version: a watch from it misses nothing."""
+
+
+def _delete_with_preconditions(client: Any, resource: Any, name: str, uid: str, resource_version: str) -> None:
+    """DELETE `name` only if it still has this UID and resourceVersion (else 409 Conflict), as lightkube's own
+    delete builds the request, with DeleteOptions in the body. Reaches into lightkube's generic client (see
+    LIGHTKUBE_CHECKED); what it buys: an obsolete slice is removed only as this worker saw it, never after another
+    writer changed or replaced it."""
+    generic = client._client
+    basic = generic.prepare_request("delete", res=resource, name=name)
+    options = {"apiVersion": "v1", "kind": "DeleteOptions",
+               "preconditions": {"uid": uid, "resourceVersion": resource_version}}
+    request = generic._client.build_request("DELETE", basic.url, params=basic.params, json=options)
+    generic.raise_for_status(generic.send(request))
+
+
+def _uncompressed(client: Any) -> None:
+    """Ask for answers as they are, not gzip-compressed. The API server compresses a watch-list's stream (its
+    initial events make it large) and then holds later events back until more follow: a deletion went unseen for
+    seconds on end (kube-apiserver 1.37, measured in tests/dra). worker-dra's answers are small (one node's
+    slices, one claim). Reaches into lightkube's generic client for its HTTP client (see LIGHTKUBE_CHECKED):
+    lightkube sends no header of a caller's with a watch."""
+    client._client._client.headers["Accept-Encoding"] = "identity"
+
+
+def _watch_list(client: Any, resource: Any, field_selector: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
+    """A watch-list as lightkube's own watch builds a watch, with sendInitialEvents and bookmarks: ADDED for each
+    object there is, SYNCED at the bookmark that ends them, then the changes; resumed (by lightkube, when the
+    server ends the watch) as a plain watch from the last version seen, which the bookmarks keep recent. Reaches
+    into lightkube's generic client (see LIGHTKUBE_CHECKED); what it buys: no list request at start or after a
+    failed watch, the request client-go's informers save."""
+    generic = client._client
+    request = generic.prepare_request("list", res=resource, watch=True, params={
+        "timeoutSeconds": server_timeout, "fieldSelector": field_selector, "allowWatchBookmarks": "true",
+        "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"})
+    for kind, item in generic.watch(request):
+        if kind != "BOOKMARK":
+            yield kind, dict(item)
+        elif ((dict(item).get("metadata") or {}).get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
+            for initial_only in ("sendInitialEvents", "resourceVersionMatch"):
+                request.params.pop(initial_only, None)
+            yield SYNCED, {}
+
+
 def _failure(exc: Exception, what: str) -> ApiFailure:
     from lightkube import ApiError
 
     if isinstance(exc, ApiError):
         return ApiFailure(f"{what}: {exc.status.code} {exc.status.reason}: {exc.status.message}",
                           exc.status.code)
+    response: Any = getattr(exc, "response", None)  # httpx's status error: a watch's refusal, its body unread
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int):
+        return ApiFailure(f"{what}: {status} {getattr(response, 'reason_phrase', '')}", status)
     return ApiFailure(f"{what}: {type(exc).__name__}: {exc}")
 
 
@@ -71,6 +140,7 @@ class KubeApi:
                                              else KubeConfig.from_service_account())
         self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
                               trust_env=False)
+        _uncompressed(self._client)
         self._sleep = sleep
         self._clock = clock
         self._slices = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
@@ -96,6 +166,18 @@ class KubeApi:
         return self._call(f"get ResourceClaim {namespace}/{name}",
                           lambda: dict(self._client.get(self._claims, name, namespace=namespace)), deadline)
 
+    def apply_claim_status(self, namespace: str, name: str, uid: str, devices: list[Json], timeout: float) -> None:
+        """Server-side apply of the claim's status.devices (this driver's entries; the UID must still match)."""
+        from lightkube.types import PatchType
+
+        deadline = self._clock() + timeout
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": uid}, "status": {"devices": devices}}
+        self._call(f"apply the status of ResourceClaim {namespace}/{name}",
+                   lambda: self._client.patch(self._claims.Status, name, body, namespace=namespace,
+                                              patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True),
+                   deadline)
+
     def node_uid(self, node_name: str, timeout: float) -> str:
         from lightkube.resources.core_v1 import Node
 
@@ -103,11 +185,39 @@ class KubeApi:
         node = self._call(f"get Node {node_name}", lambda: self._client.get(Node, node_name), deadline)
         return str(node.metadata.uid) if node.metadata is not None else ""
 
-    def list_slices(self, node_name: str, timeout: float) -> list[Json]:
-        deadline = self._clock() + timeout
-        fields: dict[str, Any] = {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
-        return self._call("list ResourceSlices",
-                          lambda: [dict(s) for s in self._client.list(self._slices, fields=fields)], deadline)
+    def _slice_fields(self, node_name: str) -> dict[str, Any]:
+        return {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
+
+    def list_slices(self, node_name: str, timeout: float) -> SliceList:
+        """This driver's slices of the node, and the list's version to watch from."""
+        def work() -> SliceList:
+            listing = self._client.list(self._slices, fields=self._slice_fields(node_name))
+            items = [dict(s) for s in listing]
+            return SliceList(items, listing.resourceVersion)
+
+        return self._call("list ResourceSlices", work, self._clock() + timeout)
+
+    def watch_list_slices(self, node_name: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
+        """This driver's slices of the node as ADDED events, then SYNCED, then their changes (ADDED, MODIFIED,
+        DELETED), for as long as the watch lasts (see `watch_slices`); ApiFailure for what ends it, 422 from a
+        server that does not serve watch-lists."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(self._slice_fields(node_name).items()))
+        try:
+            yield from _watch_list(self._client, self._slices, selector, server_timeout)
+        except Exception as exc:  # as watch_slices
+            raise _failure(exc, "watch-list ResourceSlices") from None
+
+    def watch_slices(self, node_name: str, resource_version: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
+        """The events (ADDED, MODIFIED, DELETED; the object) on this driver's slices of the node after
+        `resource_version`, for as long as the watch lasts: lightkube resumes one the server ends after
+        `server_timeout` seconds from the last version it saw; ApiFailure for whatever ends it (410 Gone, the
+        server gone, a broken connection)."""
+        try:
+            for kind, item in self._client.watch(self._slices, fields=self._slice_fields(node_name),
+                                                 resource_version=resource_version, server_timeout=server_timeout):
+                yield kind, dict(item)
+        except Exception as exc:  # lightkube raises ApiError, httpx's errors, and more for a broken stream
+            raise _failure(exc, "watch ResourceSlices") from None
 
     def create_slice(self, body: Json, timeout: float) -> Json:
         deadline = self._clock() + timeout
@@ -115,14 +225,19 @@ class KubeApi:
                           lambda: dict(self._client.create(self._slices.from_dict(body))), deadline)
 
     def replace_slice(self, body: Json, timeout: float) -> Json:
+        """Update a slice; its metadata.resourceVersion is the precondition (409 Conflict if it changed)."""
         deadline = self._clock() + timeout
         return self._call(f"update ResourceSlice {body['metadata']['name']}",
                           lambda: dict(self._client.replace(self._slices.from_dict(body))), deadline)
 
-    def delete_slice(self, name: str, timeout: float) -> None:
+    def delete_slice(self, existing: Json, timeout: float) -> None:
+        """Delete a slice as it was seen (its UID and resourceVersion); one gone already is what was wanted."""
+        metadata = existing["metadata"]
+        name = metadata["name"]
         deadline = self._clock() + timeout
         try:
-            self._call(f"delete ResourceSlice {name}", lambda: self._client.delete(self._slices, name), deadline)
+            self._call(f"delete ResourceSlice {name}", lambda: _delete_with_preconditions(
+                self._client, self._slices, name, metadata["uid"], metadata["resourceVersion"]), deadline)
         except ApiFailure as failure:
-            if failure.status != 404:  # gone already: what was wanted
+            if failure.status != 404:
                 raise

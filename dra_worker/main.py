@@ -7,14 +7,18 @@ import pathlib
 import threading
 from typing import Any
 
+import grpc
 import zmq
 from loguru import logger
 
 from dra_worker.checkpoint import Checkpoint
+from dra_worker.claim_status import ClaimStatusWriter
+from dra_worker.health import HealthReports, HealthWatch, add_health_services
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure
-from dra_worker.prepare import Preparer
+from dra_worker.prepare import Preparer, PrepareSettings
 from dra_worker.publisher import SlicePublisher
+from dra_worker.rebuild import rebuild_claims
 from dra_worker.registration import RegistrationService
 from dra_worker.server import UnixServer
 from dra_worker.servicer import DraPlugin, add_services
@@ -29,6 +33,7 @@ from shared.rbln_smi import GROUP_COMMANDS, RblnSmi
 from shared.resources import Resource
 from shared.rsd_group import RsdGroups
 from shared.status_records import DraStatus
+from shared.streams import StreamTracker
 from shared.subscriber import InventorySubscriber
 from shared.tracing import setup_tracing
 from shared.version import VERSION
@@ -71,16 +76,23 @@ def main() -> None:
     api = LazyApi(settings.kubeconfig)
 
     inventory = InventoryState()
-    publisher = SlicePublisher(api, settings.node_name, inventory.current, settings.device_scan_interval,
-                               on_publish=metrics.slice_publish)
-    inventory.on_change = publisher.wake  # before any snapshot can arrive: the subscribers start below
+    publisher = SlicePublisher(api, settings.node_name, inventory.current, on_publish=metrics.slice_publish,
+                               on_watch_restart=metrics.slice_watch_restart,
+                               taint_effect=settings.dra_unhealthy_taint_effect)
+    health = HealthReports()
+
+    def inventory_changed() -> None:
+        publisher.wake()
+        health.update(inventory.current())
+
+    inventory.on_change = inventory_changed  # before any snapshot can arrive: the subscribers start below
     smi = RblnSmi(settings.rbln_smi, observe=metrics.rbln_smi)
-    checkpoint = Checkpoint(settings.dra_plugin_dir)
-    preparer = Preparer(api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file),
-                        checkpoint=checkpoint, cdi_root=settings.cdi_root,
-                        dev_root=settings.dev_root, pool=settings.node_name,
-                        read_status=lambda device: read_status(settings.sysfs_root, device),
-                        cdi_annotation=settings.cdi_annotation)
+    checkpoint = Checkpoint(settings.dra_plugin_dir, rebuild=lambda: rebuild_claims(settings.cdi_root, smi.groups()),
+                            on_rebuilt=metrics.checkpoint_rebuild)
+    preparer = Preparer(PrepareSettings(
+        api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
+        read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,
+        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation))
     registration = RegistrationService(settings.dra_socket)
 
     def report() -> None:
@@ -88,11 +100,19 @@ def main() -> None:
         metrics.flush()
         status_records.write(settings.run_dir, WORKER_DRA, DraStatus(
             registered=registration.registered.is_set(), prepared_claims=preparer.prepared_count(),
-            slice_generation=publisher.generation, devices=len(inventory.current().devices)))
+            slice_generation=publisher.generation, devices=len(inventory.current().devices),
+            health_streams=health_watch.streams.open_streams, tainted_devices=publisher.tainted))
 
     registration.on_change = report
-    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report)
-    dra_server = UnixServer(settings.dra_socket, lambda server: add_services(server, plugin), "dra")
+    plugin = DraPlugin(preparer, settings.node_name, tracer, metrics, on_change=report,
+                       claim_status=ClaimStatusWriter(api, settings.node_name, inventory.current))
+    health_watch = HealthWatch(health, settings.node_name, StreamTracker(on_change=report))
+
+    def dra_services(server: grpc.Server) -> None:
+        add_services(server, plugin)
+        add_health_services(server, health_watch)
+
+    dra_server = UnixServer(settings.dra_socket, dra_services, "dra")
     registration_server = UnixServer(
         settings.dra_registration_socket,
         lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")

@@ -1,15 +1,30 @@
-"""Keeps the node's ResourceSlices equal to the inventory (docs/dra.md#resourceslices).
+"""Keeps the node's ResourceSlices equal to the inventory, at the cost of one watch
+(docs/dra.md#publishing-and-its-api-cost).
 
-One thread owns the reconciliation. It wakes on every inventory snapshot and at least once per resync period:
-when what it would publish differs from what it last published, or the period has passed (the kubelet wipes a
-node's slices when it restarts or loses the driver for 30 s, and anyone may delete one), it lists the slices
-of this driver and node and repairs them: obsolete slices deleted first, changed ones updated, missing ones
-created, the pool generation bumped on any change. Failures, the API's or any other, are retried with backoff,
-never fatal.
+Two threads, each owning its part. The watcher owns the view of the API server: one watch-list on this driver's
+slices of the node (field selectors spec.nodeName and spec.driver) gives the slices as they are and then every
+change, which it applies to the view (an API server without watch-lists: a list, then a watch from its version).
+A watch the server ends at its timeout is resumed from the last version seen; one that fails (the API server
+restarted, 410 Gone, a broken connection) is re-established afresh after a jittered backoff, so that a fleet's
+watches do not come back in one burst.
+
+The publisher wakes on every inventory snapshot and every watch event, and writes only when the slices it wants
+differ from the ones the view shows: obsolete slices deleted first (the UID and resourceVersion it saw as
+preconditions), changed ones updated (the resourceVersion it saw as precondition), missing ones created, the
+pool generation bumped. What it wrote goes into the view at once, so it never writes twice for one change. A
+write that loses a race (409 Conflict) is retried once the watch shows the other writer's change; writers that
+keep undoing each other (two instances that disagree during an upgrade) are slowed down step by step. At rest
+nothing is requested but the watch.
+
+A change confined to one slice (a device tainted or its taint removed, in slices of 64) rewrites that slice and
+keeps the pool generation (KEP-5055: the scheduler then sees the one slice's new content at once, with no pool to
+wait for). An API server that stores a slice without the taints it was sent has them off: from then on Unhealthy
+devices are left out instead (one warning).
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -19,20 +34,36 @@ from loguru import logger
 
 from dra_worker import slices
 from dra_worker.inventory import NodeInventory
-from dra_worker.kube import ApiFailure, Backoff
+from dra_worker.kube import SYNCED, ApiFailure, Backoff, SliceList
+from shared.config import TaintEffect
 from shared.hostile_ids import logged
 
 Json = dict[str, Any]
 # One API call's bound: a publish cycle never stalls for long on a server that does not answer.
 CALL_TIMEOUT = 10.0
+# How long the API server keeps one watch open, drawn per watch (its own default range for watches that name
+# none): few watch requests, spread over the fleet.
+WATCH_SECONDS = (1800, 3600)
+# After a watch failed, the pause before listing again: doubling from 1 s to 30 s, each drawn between the
+# step and twice it, so that after an API server restart a fleet's lists spread out.
+RELIST_BACKOFF = (1.0, 30.0)
+# A watch that lasted this long was healthy: the next failure starts the backoff afresh.
+HEALTHY_WATCH = 60.0
+# What an API server without watch-lists answers one (the WatchList feature off): then a list and a watch.
+_NO_WATCH_LIST = frozenset({400, 422})
+# Writes less than this apart count as one fight with another writer; each fight step doubles the pause.
+FIGHT_WINDOW = 5.0
+FIGHT_PAUSE = (0.5, 30.0)
 
 
 class SliceApi(Protocol):
     def node_uid(self, node_name: str, timeout: float) -> str: ...
-    def list_slices(self, node_name: str, timeout: float) -> list[Json]: ...
+    def list_slices(self, node_name: str, timeout: float) -> SliceList: ...
+    def watch_slices(self, node_name: str, resource_version: str, server_timeout: int) -> Any: ...
+    def watch_list_slices(self, node_name: str, server_timeout: int) -> Any: ...
     def create_slice(self, body: Json, timeout: float) -> Json: ...
     def replace_slice(self, body: Json, timeout: float) -> Json: ...
-    def delete_slice(self, name: str, timeout: float) -> None: ...
+    def delete_slice(self, existing: Json, timeout: float) -> None: ...
 
 
 def _name(existing: Json) -> str:
@@ -45,48 +76,156 @@ def _generation(existing: Json) -> int:
     return generation if isinstance(generation, int) else 0
 
 
+def _newer(candidate: Json, known: Json | None) -> bool:
+    """Whether `candidate` is a later state of the object than `known`. Versions are opaque to clients, but
+    both come from one API server's etcd: compared as numbers when they are numbers, else the candidate wins."""
+    if known is None:
+        return True
+    try:
+        return int(candidate["metadata"]["resourceVersion"]) >= int(known["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+class SliceView:
+    """The node's slices as the API server showed them last: the watch's events and this worker's own writes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _slices and _listed (the watcher and the publisher)
+        self._slices: dict[str, Json] = {}
+        self._listed = False
+
+    def replace(self, items: list[Json]) -> None:
+        with self._lock:
+            self._slices = {_name(item): item for item in items}
+            self._listed = True
+
+    def apply(self, kind: str, item: Json) -> None:
+        """A watch event, or a write's answer (MODIFIED); an older state than the one held is ignored."""
+        name = _name(item)
+        with self._lock:
+            if kind == "DELETED":
+                self._slices.pop(name, None)
+            elif _newer(item, self._slices.get(name)):
+                self._slices[name] = item
+
+    def snapshot(self) -> list[Json] | None:
+        """The slices by name; None until the first list."""
+        with self._lock:
+            return sorted(self._slices.values(), key=_name) if self._listed else None
+
+
 class SlicePublisher:
-    def __init__(self, api: SliceApi, node_name: str, inventory: Callable[[], NodeInventory], resync_period: float,
-                 on_publish: Callable[[bool], None] = lambda ok: None):
+    def __init__(self, api: SliceApi, node_name: str, inventory: Callable[[], NodeInventory],
+                 on_publish: Callable[[bool], None] = lambda ok: None,
+                 on_watch_restart: Callable[[], None] = lambda: None, draw: Callable[[], float] = random.random,
+                 taint_effect: TaintEffect = TaintEffect.NO_SCHEDULE):
         self._api = api
         self._node_name = node_name
         self._inventory = inventory
-        self._resync_period = resync_period
         self._on_publish = on_publish
+        self._on_watch_restart = on_watch_restart
+        self._draw = draw
+        self.view = SliceView()
+        """What the API server showed last (the watcher keeps it; tests may fill it)."""
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._threads = [threading.Thread(target=self._publish, name="slice-publisher", daemon=True),
+                         threading.Thread(target=self._watch, name="slice-watch", daemon=True)]
+        # Owned by the publisher thread.
         self._node_uid = ""
-        # Owned by the publisher thread: the devices of the last successful reconciliation, and when it was.
-        self._published: list[Json] | None = None
-        self._checked_at = 0.0
+        self._last_write = float("-inf")
+        # Owned by the watcher thread: False once the server refused a watch-list.
+        self._watch_list = True
+        self._fights = 0
+        self._taint_effect: TaintEffect | None = taint_effect
+        """None once the API server was seen dropping taints."""
         self.generation = 0
-        """The pool generation last published (read by the status file)."""
+        """The pool generation last published or seen (read by the status file)."""
+        self.tainted = 0
+        """Devices published with the unhealthy taint (read by the status file)."""
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def wake(self) -> None:
         self._wake.set()
 
     def stop(self) -> None:
+        """Ends the publisher; the watcher, blocked in its stream, ends with the process (a daemon thread)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        self._threads[0].join(timeout=5)
 
-    def _run(self) -> None:
+    # -- the watcher ------------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        backoff = Backoff(*RELIST_BACKOFF)
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self._list_and_watch()
+                reason = "the watch ended"
+            except Exception as exc:  # an ApiFailure, or anything unforeseen: this thread alone keeps the view
+                reason = str(exc) if isinstance(exc, ApiFailure) else f"{type(exc).__name__}: {exc}"
+            if self._stop.is_set():
+                return
+            if time.monotonic() - started > HEALTHY_WATCH:
+                backoff.reset()
+            pause = backoff.pause() * (1 + self._draw())
+            logger.warning("ResourceSlice watch ended; starting it afresh", err=reason, retryInSeconds=round(pause, 3))
+            self._on_watch_restart()
+            self._stop.wait(pause)
+
+    def _list_and_watch(self) -> None:
+        low, high = WATCH_SECONDS
+        seconds = int(low + (high - low) * self._draw())
+        if self._watch_list:
+            try:
+                self._follow(self._api.watch_list_slices(self._node_name, seconds), synced=False)
+                return
+            except ApiFailure as failure:
+                if failure.status not in _NO_WATCH_LIST:
+                    raise
+                self._watch_list = False
+                logger.info("The API server serves no watch-lists; listing, then watching", err=str(failure))
+        listing = self._api.list_slices(self._node_name, CALL_TIMEOUT)
+        self.view.replace(listing.items)
+        self._wake.set()
+        self._follow(self._api.watch_slices(self._node_name, listing.resource_version, seconds), synced=True)
+
+    def _follow(self, events: Any, synced: bool) -> None:
+        """Apply the events to the view; before SYNCED (a watch-list's initial events), gather them and
+        replace the view with them at SYNCED."""
+        initial: list[Json] = []
+        for kind, item in events:
+            if kind == SYNCED:
+                self.view.replace(initial)
+                synced = True
+                self._wake.set()
+            elif not synced:
+                initial.append(item)
+            elif kind in ("ADDED", "MODIFIED", "DELETED"):
+                self.view.apply(kind, item)
+                self._wake.set()
+            if self._stop.is_set():
+                return
+
+    # -- the publisher ----------------------------------------------------------------------------------
+
+    def _publish(self) -> None:
         backoff = Backoff(first=0.5, most=30.0)
-        wait = self._resync_period
+        wait: float | None = None  # at rest: until something happens
         while not self._stop.is_set():
             self._wake.wait(wait)
             self._wake.clear()
             if self._stop.is_set():
                 return
             try:
-                self.reconcile_once()
+                changed = self.reconcile_once()
             except Exception as exc:  # an ApiFailure, or anything unforeseen: this thread alone keeps the pool
                 unforeseen = not isinstance(exc, ApiFailure)
-                self._published = None  # unknown now: the next try relists
                 wait = backoff.pause()
                 logger.opt(exception=unforeseen).warning(
                     "ResourceSlice publish failed; retrying", retryInSeconds=wait,
@@ -94,48 +233,72 @@ class SlicePublisher:
                 self._on_publish(False)
                 continue
             backoff.reset()
-            wait = self._resync_period
+            wait = None
+            if changed:
+                self._stop.wait(self._fight_pause())
+
+    def _fight_pause(self) -> float:
+        """After a write: none for the first in a while, else a doubling pause (another writer undoes ours)."""
+        now = time.monotonic()
+        self._fights = self._fights + 1 if now - self._last_write < FIGHT_WINDOW else 0
+        self._last_write = now
+        first, most = FIGHT_PAUSE
+        return 0.0 if self._fights == 0 else min(first * 2 ** (self._fights - 1), most)
 
     def reconcile_once(self) -> bool:
-        """One reconciliation if one is due; True if the API server was changed."""
+        """Compare what is wanted with what the view shows, and write the difference; True if anything was
+        written."""
         inventory = self._inventory()
         if not inventory.complete:
             return False  # a pool published before every resource's snapshot would offer too little
-        devices = slices.published_devices(inventory)
-        if devices == self._published and time.monotonic() - self._checked_at < self._resync_period:
-            return False
-        if not self._node_uid:
-            self._node_uid = self._api.node_uid(self._node_name, CALL_TIMEOUT)
-        changed = self._repair(devices)
-        self._published = devices
-        self._checked_at = time.monotonic()
+        existing = self.view.snapshot()
+        if existing is None:
+            return False  # not listed yet: the watcher wakes this thread when it has
+        devices = slices.published_devices(inventory, self._taint_effect)
+        changed = self._repair(devices, existing)
+        if changed and self._taint_effect is None and slices.tainted(devices):
+            devices = slices.published_devices(inventory, None)  # the server dropped the taints: leave them out
+            self._repair(devices, self.view.snapshot() or [])
+        self.tainted = slices.tainted(devices)
         if changed:
             self._on_publish(True)
         return changed
 
-    def _repair(self, devices: list[Json]) -> bool:
-        existing = sorted(self._api.list_slices(self._node_name, CALL_TIMEOUT), key=_name)
+    def _repair(self, devices: list[Json], existing: list[Json]) -> bool:
         current = max([self.generation, *(_generation(s) for s in existing)])
-        wanted = slices.slice_specs(self._node_name, devices, current)
-        up_to_date = (len(existing) == len(wanted) and current > 0
-                      and {_generation(s) for s in existing} == {current}
-                      and [slices.content(s.get("spec") or {}) for s in existing]
-                      == [slices.content(w) for w in wanted])
-        if up_to_date:
+        per_slice = (slices.MAX_DEVICES_PER_TAINTED_SLICE if self._taint_effect is not None
+                     else slices.MAX_DEVICES_PER_SLICE)
+        wanted = slices.slice_specs(self._node_name, devices, current, per_slice)
+        differing = [index for index, (have, want) in enumerate(zip(existing, wanted, strict=False))
+                     if slices.content(have.get("spec") or {}) != slices.content(want)]
+        consistent = (len(existing) == len(wanted) and current > 0
+                      and {_generation(s) for s in existing} == {current})
+        if consistent and not differing:
             self.generation = current
             return False
-        generation = current + 1
-        wanted = slices.slice_specs(self._node_name, devices, generation)
+        if not consistent or len(differing) > 1:  # more than one slice: the pool changes as a whole
+            wanted = slices.slice_specs(self._node_name, devices, current + 1, per_slice)
+            differing = list(range(len(wanted)))
         kept, obsolete = existing[:len(wanted)], existing[len(wanted):]
         for stale in obsolete:  # first: the pool must never show more slices than its count says
-            self._api.delete_slice(_name(stale), CALL_TIMEOUT)
-        for index, spec in enumerate(wanted):
+            self._api.delete_slice(stale, CALL_TIMEOUT)
+            self.view.apply("DELETED", stale)
+        for index in differing:
             if index < len(kept):
-                body = {**kept[index], "spec": spec}
-                self._api.replace_slice(body, CALL_TIMEOUT)
+                spec = slices.keep_time_added(wanted[index], kept[index].get("spec") or {})
+                written = self._api.replace_slice({**kept[index], "spec": spec}, CALL_TIMEOUT)
             else:
-                self._api.create_slice(slices.new_slice(self._node_name, self._node_uid, spec), CALL_TIMEOUT)
-        self.generation = generation
-        logger.info("Published ResourceSlices", pool=self._node_name, generation=generation,
-                    slices=len(wanted), devices=len(devices), deviceIDs=logged([d["name"] for d in devices]))
+                if not self._node_uid:
+                    self._node_uid = self._api.node_uid(self._node_name, CALL_TIMEOUT)
+                spec = wanted[index]
+                written = self._api.create_slice(slices.new_slice(self._node_name, self._node_uid, spec), CALL_TIMEOUT)
+            self.view.apply("MODIFIED", written)
+            if self._taint_effect is not None and slices.taints_dropped(spec, written.get("spec") or {}):
+                self._taint_effect = None
+                logger.warning("API server drops device taints; Unhealthy devices are left out of the slices",
+                               pool=self._node_name, taint=slices.UNHEALTHY_TAINT_KEY)
+        self.generation = wanted[0]["pool"]["generation"]
+        logger.info("Published ResourceSlices", pool=self._node_name, generation=self.generation,
+                    slices=len(wanted), devices=len(devices), deviceIDs=logged([d["name"] for d in devices]),
+                    tainted=logged([d["name"] for d in devices if d.get("taints")]))
         return True

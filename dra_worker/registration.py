@@ -8,12 +8,14 @@ from collections.abc import Callable
 
 from loguru import logger
 
+from dra_worker.health import SUPPORTED_SERVICES as HEALTH_SERVICES
 from shared.config import DRA_DRIVER
 from shared.pluginregistration.v1 import api_pb2, api_pb2_grpc
 
 PLUGIN_TYPE = "DRAPlugin"
-# The kubelet takes the first entry it supports: v1 first, v1beta1 for kubelets before 1.34.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The kubelet takes the first DRA service it supports (v1 first, v1beta1 for kubelets before 1.34), and
+# the first health service it supports (v1 from 1.37 on; v1alpha1 before, and accepted through 1.39).
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)
 
 
 class RegistrationService(api_pb2_grpc.RegistrationServicer):

@@ -11,8 +11,11 @@ from concurrent import futures
 
 import grpc
 
-# Prepare and Unprepare are serialized anyway; the others wait in the queue rather than time out at once.
-_THREADS = 4
+from shared.streams import MAX_OPEN_STREAMS
+
+# Prepare and Unprepare are serialized anyway; the others wait in the queue rather than time out at once. Each
+# open health stream holds a thread of its own for its whole life: room for as many as may be open.
+_THREADS = 4 + MAX_OPEN_STREAMS
 
 
 def _remove(path: pathlib.Path) -> None:

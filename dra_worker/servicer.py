@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from loguru import logger
 
+from dra_worker.claim_status import ClaimStatusWriter
 from dra_worker.prepare import ClaimRef, ClaimResult, Preparer, elapsed_ms
 from shared.dra.v1 import api_pb2 as v1_pb2
 from shared.dra.v1 import api_pb2_grpc as v1_grpc
@@ -31,8 +32,9 @@ class DraPlugin:
     """What both services do, on plain values; `pb2` builds the answer in the caller's proto package."""
 
     def __init__(self, preparer: Preparer, pool: str, tracer: AllocationTracer, metrics: Recorder,
-                 on_change: Any = lambda: None):
+                 on_change: Any = lambda: None, claim_status: ClaimStatusWriter | None = None):
         self._preparer = preparer
+        self._claim_status = claim_status
         self._pool = pool
         self._tracer = tracer
         self._metrics = metrics
@@ -69,6 +71,8 @@ class DraPlugin:
                                        device_name=device.device, cdi_device_ids=list(device.cdi_device_ids))
                 logger.info("Prepared claim", claimUID=ref.uid, claim=f"{ref.namespace}/{ref.name}",
                             deviceIDs=device_ids, rsdGroup=host_rsd, durationMs=elapsed_ms(started))
+                if result.prepared_now and self._claim_status is not None:
+                    self._claim_status.write(ref.namespace, ref.name, ref.uid, device_ids, result.rsd_group)
                 self._metrics.prepares(Result.SUCCESS, time.monotonic() - started)
         self._on_change()
         return response

@@ -2,7 +2,8 @@
 
 Names and attributes are those of Rebellions' Go DRA driver, so that its DeviceClasses and CEL selectors work
 unchanged (docs/dra.md#devices-and-attributes), plus the SR-IOV VFs it does not publish. An Unhealthy device
-is left out, and comes back when it recovers.
+stays, with the taint UNHEALTHY_TAINT_KEY until it recovers; on an API server that drops taints it is left out
+instead, and comes back when it recovers.
 """
 
 from __future__ import annotations
@@ -12,12 +13,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra_worker.inventory import NodeInventory, ServedDevice
-from shared.config import DRA_DRIVER
+from shared.config import DRA_DRIVER, TaintEffect
+from shared.device_health import Health
 from shared.resources import Resource
 
 API_VERSION = "resource.k8s.io/v1"
-# The API's bound on devices in one slice (without taints or counters).
+# The API's bounds on devices in one slice: 128, and 64 in a slice where any device carries a taint. Slices are
+# cut at 64 whenever taints are published, so that a device turning Unhealthy changes its own slice only.
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_TAINTED_SLICE = 64
+UNHEALTHY_TAINT_KEY = f"{DRA_DRIVER}/unhealthy"
+# A taint's value is a label value: at most 63 characters of these, starting and ending with a letter or digit.
+_NOT_IN_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 TYPE_NPU = "npu"
 TYPE_VF = "vf"
 _VF_COUNT = {Resource.NPU_VF1: 1, Resource.NPU_VF4: 4}
@@ -74,17 +81,41 @@ def publishable(name: str) -> bool:
     return bool(_DEVICE_NAME.fullmatch(name))
 
 
-def published_devices(inventory: NodeInventory) -> list[Json]:
-    """The devices the pool offers: every Healthy one whose name the API takes, by name (slice order is
+def offered_devices(inventory: NodeInventory) -> list[ServedDevice]:
+    """The devices of the pool, Healthy or not: every one whose name the API takes, by name (slice order is
     allocation priority)."""
-    return [device_entry(device, inventory.driver_version) for device in inventory.healthy()
-            if publishable(device.record.device_id)]
+    return [device for _, device in sorted(inventory.devices.items()) if publishable(device.record.device_id)]
 
 
-def slice_specs(node_name: str, devices: Sequence[Json], generation: int) -> list[Json]:
-    """The pool's slice specs, at most MAX_DEVICES_PER_SLICE devices each; one empty slice for no devices
-    (an empty pool says the driver is up and has nothing to offer)."""
-    chunks = [list(devices[i:i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)]
+def taint_value(lifecycle: str) -> str:
+    """The driver status as a taint's value: `FAULT` stays `FAULT`, `UNKNOWN(7)` becomes `UNKNOWN-7`."""
+    return _NOT_IN_LABEL_VALUE.sub("-", lifecycle)[:63].strip("-_.")
+
+
+def published_devices(inventory: NodeInventory, taint_effect: TaintEffect | None) -> list[Json]:
+    """The devices the slices list. With a taint effect every device of the pool, an Unhealthy one carrying the
+    unhealthy taint (its driver status as the value); without one (the API server drops taints) the Healthy
+    ones only."""
+    entries = []
+    for device in offered_devices(inventory):
+        if device.health is Health.HEALTHY:
+            entries.append(device_entry(device, inventory.driver_version))
+        elif taint_effect is not None:
+            entry = device_entry(device, inventory.driver_version)
+            entry["taints"] = [{"key": UNHEALTHY_TAINT_KEY, "value": taint_value(device.lifecycle),
+                                "effect": taint_effect.value}]
+            entries.append(entry)
+    return entries
+
+
+def tainted(devices: Sequence[Mapping[str, Any]]) -> int:
+    return sum(1 for device in devices if device.get("taints"))
+
+
+def slice_specs(node_name: str, devices: Sequence[Json], generation: int, per_slice: int) -> list[Json]:
+    """The pool's slice specs, at most `per_slice` devices each; one empty slice for no devices (an empty pool
+    says the driver is up and has nothing to offer)."""
+    chunks = [list(devices[i:i + per_slice]) for i in range(0, len(devices), per_slice)]
     chunks = chunks or [[]]
     return [{"driver": DRA_DRIVER, "nodeName": node_name,
              "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
@@ -99,9 +130,37 @@ def new_slice(node_name: str, node_uid: str, spec: Json) -> Json:
             "spec": spec}
 
 
+def _without_time_added(device: Mapping[str, Any]) -> Json:
+    """A device as published, without the time the API server stamps on each of its taints."""
+    if not device.get("taints"):
+        return dict(device)
+    return {**device, "taints": [{k: v for k, v in taint.items() if k != "timeAdded"} for taint in device["taints"]]}
+
+
 def content(spec: Mapping[str, Any]) -> Json:
-    """A slice spec without its pool generation: what decides whether a slice must change."""
+    """A slice spec without its pool generation and its taints' times: what decides whether a slice must change."""
     pool = dict(spec.get("pool") or {})
     pool.pop("generation", None)
     return {"driver": spec.get("driver"), "nodeName": spec.get("nodeName"), "pool": pool,
-            "devices": list(spec.get("devices") or [])}
+            "devices": [_without_time_added(device) for device in spec.get("devices") or []]}
+
+
+def keep_time_added(spec: Json, existing: Mapping[str, Any]) -> Json:
+    """`spec` with the time of each taint the existing slice already carries, so that rewriting a slice for another
+    device's sake does not make an old taint look new."""
+    stamped = {(device.get("name"), taint.get("key"), taint.get("value"), taint.get("effect")): taint["timeAdded"]
+               for device in existing.get("devices") or [] for taint in device.get("taints") or []
+               if taint.get("timeAdded")}
+    devices = []
+    for device in spec["devices"]:
+        taints = [{**taint, "timeAdded": stamped[key]} if (key := (device["name"], taint["key"], taint["value"],
+                                                                    taint["effect"])) in stamped else taint
+                  for taint in device.get("taints") or []]
+        devices.append({**device, "taints": taints} if taints else device)
+    return {**spec, "devices": devices}
+
+
+def taints_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether the API server stored a slice without the taints it was sent (the field is off there)."""
+    kept = {device.get("name"): bool(device.get("taints")) for device in stored.get("devices") or []}
+    return any(device.get("taints") and not kept.get(device.get("name")) for device in sent.get("devices") or [])

@@ -21,7 +21,9 @@ from shared.metrics import (
     DEVICE_STATUS,
     DEVICES,
     DISCOVERY_FAILING,
+    DRA_HEALTH_STREAMS,
     DRA_PREPARED_CLAIMS,
+    DRA_TAINTED_DEVICES,
     LAST_SCAN,
     READY,
     REGISTERED,
@@ -86,7 +88,10 @@ def state_samples(view: StackView) -> list[Sample]:
         if scanner.cdi is not None and scanner.cdi.resolvable is not None:
             samples.append((CDI_SPEC_RESOLVABLE, {}, 1.0 if scanner.cdi.resolvable else 0.0))
     dra = view.workers.get(WORKER_DRA)
-    if isinstance(dra, DraStatus) and dra.prepared_claims is not None:
-        samples.append((DRA_PREPARED_CLAIMS, {}, float(dra.prepared_claims)))
+    if isinstance(dra, DraStatus):
+        for family, value in ((DRA_PREPARED_CLAIMS, dra.prepared_claims), (DRA_HEALTH_STREAMS, dra.health_streams),
+                              (DRA_TAINTED_DEVICES, dra.tainted_devices)):
+            if value is not None:
+                samples.append((family, {}, float(value)))
     samples.append((READY, {}, 1.0 if view.ready else 0.0))
     return samples

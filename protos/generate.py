@@ -16,8 +16,11 @@ import sys
 PROTO_ROOT = pathlib.Path(__file__).resolve().parent
 # Each API as <api>/<version>/api.proto: the device plugin API the workers serve, the PodResources API
 # `status` asks which pod holds which device, and for worker-dra the plugin registration API and both
-# versions of the DRA plugin API the kubelet may call.
-APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1")
+# versions of the DRA plugin API the kubelet may call, and both versions of the DRA health service it may
+# watch (k8s.io/kubelet/pkg/apis/dra-health/<version>: the dash, which no Python package name takes, is an
+# underscore here).
+APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1",
+        "dra_health/v1", "dra_health/v1alpha1")
 DEFAULT_OUT = PROTO_ROOT.parent / "shared"
 
 

@@ -13,8 +13,9 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from rbln_device_plugin import status
+from rbln_device_plugin import simulate_dra, status
 from scanner import feature_file
+from shared.config import ResourceApi
 from shared.metrics import PATH
 from shared.resources import Resource
 from simulator.kubelet import KubeletSimulator
@@ -37,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--numa-nodes", type=int, default=2, help="NUMA nodes the PFs are spread over (default 2)")
     parser.add_argument("--switches", type=int, default=2, help="PCIe switches the PFs hang under (default 2)")
     parser.add_argument("--scan-interval", default="1s", help="DEVICE_SCAN_INTERVAL of the stack (default 1s)")
+    parser.add_argument("--resource-api", choices=[api.value for api in ResourceApi],
+                        default=ResourceApi.DEVICE_PLUGIN.value,
+                        help="device-plugin (default): the workers and a simulated kubelet; dra: worker-dra with "
+                             "stand-ins for the API server and the kubelet's DRA side")
     parser.add_argument("--watch", action="store_true",
                         help="keep running and print what the kubelet sees on every change, until Ctrl-C")
     parser.add_argument("--keep", action="store_true", help="keep the node's directory (and its logs) afterwards")
@@ -168,7 +173,10 @@ def simulate(args: argparse.Namespace) -> int:
     # Short path: unix socket names must stay under ~107 characters.
     root = pathlib.Path(tempfile.mkdtemp(prefix="rbln-sim-", dir="/tmp"))
     try:
-        return _run(build_node(root, spec), args)
+        node = build_node(root, spec)
+        if args.resource_api == ResourceApi.DRA.value:
+            return simulate_dra.run(node, args)
+        return _run(node, args)
     except KeyboardInterrupt:
         print("\nInterrupted; the stack was stopped.")
         return 130

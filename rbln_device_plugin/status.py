@@ -153,7 +153,8 @@ def render_text(report: Mapping[str, Any]) -> str:
     if dra is not None:
         lines += ["", f"dra: registered {_cell(dra['registered'])}, {_cell(dra['devices'])} devices, "
                       f"{_cell(dra['preparedClaims'])} prepared claims, "
-                      f"slice generation {_cell(dra['sliceGeneration'])}"]
+                      f"slice generation {_cell(dra['sliceGeneration'])}, "
+                      f"{_cell(dra['healthStreams'])} health streams, {_cell(dra['taintedDevices'])} tainted"]
     return "\n".join(lines)
 
 

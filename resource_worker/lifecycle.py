@@ -64,7 +64,7 @@ class PendingRegistration(Protocol):
 
 
 class StreamCount(Protocol):
-    """The instance's ListAndWatch streams (resource_worker.streams.StreamTracker)."""
+    """The instance's ListAndWatch streams (shared.streams.StreamTracker)."""
 
     @property
     def open_streams(self) -> int: ...

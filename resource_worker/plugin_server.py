@@ -22,10 +22,10 @@ from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
-from resource_worker.streams import StreamTracker
 from shared.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.metrics import Recorder
 from shared.plugin_socket import new_socket_name
+from shared.streams import StreamTracker
 from shared.tracing import AllocationTracer
 
 if TYPE_CHECKING:

@@ -32,11 +32,11 @@ from resource_worker.placement import (
     candidate_from_record,
     place,
 )
-from resource_worker.streams import StreamTracker
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.hostile_ids import logged
 from shared.inventory import DeviceRecord
 from shared.metrics import Recorder, Result
+from shared.streams import StreamTracker
 from shared.tracing import AllocateTrace, AllocationTracer, ContainerSpan
 
 OPTIONS = api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)

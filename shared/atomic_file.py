@@ -10,9 +10,9 @@ import tempfile
 
 def write_atomically(path: pathlib.Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write `data` to a temporary file beside `path` and rename it over `path`; `durable`: the data flushed to
-    disk before the rename (a few milliseconds on a disk; what a file on tmpfs does not need), as the kubelet
-    writes its own checkpoints. After a power loss the file is then the old content or the new, never a torn
-    one; the directory is not flushed, so the rename itself may be the one thing lost.
+    disk before the rename and the directory after it (a few milliseconds on a disk; what a file on tmpfs does
+    not need), as the kubelet writes its own checkpoints. After a power loss the file is then the old content
+    or the new, never a torn one, and once this returns, the new.
 
     The temporary file's name starts with a dot: directories read by others (a CDI spec dir, the kubelet's
     plugin dirs) skip such names. OSError on failure, with no temporary file left behind.
@@ -26,6 +26,12 @@ def write_atomically(path: pathlib.Path, data: bytes, mode: int = 0o644, durable
                 os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+        if durable:
+            directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
     except BaseException:
         try:
             os.unlink(tmp)

@@ -15,7 +15,7 @@ import pathlib
 import re
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from shared import ipc
 from shared.cdi_annotation import CdiAnnotation
@@ -101,11 +101,17 @@ def _feature_file(text: str) -> pathlib.Path | None:
     return path
 
 
-def _cdi_annotation(text: str) -> CdiAnnotation:
-    try:
-        return CdiAnnotation(text)
-    except ValueError:
-        raise ValueError(f"not one of {', '.join(policy.value for policy in CdiAnnotation)}") from None
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _choice(kind: type[E]) -> Callable[[str], E]:
+    """The parser of a setting that takes one of an enum's values."""
+    def parse(text: str) -> E:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"not one of {', '.join(str(member.value) for member in kind)}") from None
+    return parse
 
 
 class ResourceApi(enum.Enum):
@@ -115,17 +121,40 @@ class ResourceApi(enum.Enum):
     DRA = "dra"
 
 
-def _resource_api(text: str) -> ResourceApi:
-    try:
-        return ResourceApi(text)
-    except ValueError:
-        raise ValueError(f"not one of {', '.join(api.value for api in ResourceApi)}") from None
+class TaintEffect(enum.Enum):
+    """DRA: the effect of the taint an Unhealthy device carries in its ResourceSlice."""
+
+    NO_SCHEDULE = "NoSchedule"
+    """New claims do not get the device; pods using it keep running."""
+    NO_EXECUTE = "NoExecute"
+    """As NoSchedule, and pods using the device are evicted."""
+    NONE = "None"
+    """Shown only: the device is allocated as if untainted."""
 
 
 # The DRA driver's name (the kubelet plugin's name, the ResourceSlices' driver, the DeviceClasses' selector).
 DRA_DRIVER = "npu.rebellions.ai"
 DRA_SOCKET = "dra.sock"
 DRA_REGISTRATION_SOCKET = f"{DRA_DRIVER}-reg.sock"
+# With POD_UID each instance has sockets of its own (the kubelet takes several registrations of one driver and
+# uses the newest): a surge upgrade's two instances on one node never share, or remove, each other's.
+_POD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+DRA_REGISTRATION_SOCKETS = re.compile(rf"{re.escape(DRA_DRIVER)}(-[A-Za-z0-9][A-Za-z0-9-]{{0,63}})?-reg\.sock")
+"""The registration sockets of either naming scheme."""
+
+
+def dra_socket_name(pod_uid: str) -> str:
+    return f"dra-{pod_uid}.sock" if pod_uid else DRA_SOCKET
+
+
+def dra_registration_socket_name(pod_uid: str) -> str:
+    return f"{DRA_DRIVER}-{pod_uid}-reg.sock" if pod_uid else DRA_REGISTRATION_SOCKET
+
+
+def _pod_uid(text: str) -> str:
+    if text and not _POD_UID.fullmatch(text):
+        raise ValueError("not a pod UID (letters, digits and '-', at most 64)")
+    return text
 
 
 # Stands for CDI_ROOT in CDI_SPEC_DIRS, whose default follows the CDI root.
@@ -209,13 +238,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("node_name", None, "NODE_NAME", "", str, "node name on traces and the startup log"),
     Option("nfd_feature_file", "--nfd-feature-file", "NFD_FEATURE_FILE", "", _feature_file,
            "node labels for Node Feature Discovery's local source, kept in this file; empty disables"),
-    Option("cdi_annotation", "--cdi-annotation", "CDI_ANNOTATION", CdiAnnotation.ALWAYS.value, _cdi_annotation,
+    Option("cdi_annotation", "--cdi-annotation", "CDI_ANNOTATION", CdiAnnotation.ALWAYS.value,
+           _choice(CdiAnnotation),
            "when Allocate returns the CDI annotation rebellions.ai/npu=runtime: always, when-resolvable (only "
            "while a spec in CDI_SPEC_DIRS defines it), never"),
     Option("cdi_spec_dirs", "--cdi-spec-dirs", "CDI_SPEC_DIRS", f"{CDI_ROOT_PLACEHOLDER}:/etc/cdi", _spec_dirs,
            "colon-separated CDI spec dirs searched for the annotation's device, as a runtime reads them "
            f"({CDI_ROOT_PLACEHOLDER} is CDI_ROOT)"),
-    Option("resource_api", "--resource-api", "RESOURCE_API", ResourceApi.DEVICE_PLUGIN.value, _resource_api,
+    Option("resource_api", "--resource-api", "RESOURCE_API", ResourceApi.DEVICE_PLUGIN.value,
+           _choice(ResourceApi),
            "how the NPUs are served: device-plugin (one worker per resource name) or dra (the DRA driver "
            f"{DRA_DRIVER}); never both on one node"),
     Option("kubelet_plugins_path", "--kubelet-plugins-path", "KUBELET_PLUGINS_PATH", "/var/lib/kubelet/plugins",
@@ -225,6 +256,12 @@ OPTIONS: tuple[Option, ...] = (
            f"DRA: the kubelet's plugin registry dir, where {DRA_REGISTRATION_SOCKET} is made"),
     Option("kubeconfig", None, "KUBECONFIG", "", _optional_path,
            "DRA: kubeconfig file for the API server; empty uses the pod's service account"),
+    Option("dra_unhealthy_taint_effect", "--dra-unhealthy-taint-effect", "DRA_UNHEALTHY_TAINT_EFFECT",
+           TaintEffect.NO_SCHEDULE.value, _choice(TaintEffect),
+           "DRA: effect of the taint on an Unhealthy device: NoSchedule (no new claim gets it), NoExecute (pods "
+           "using it are evicted too), None (shown only)"),
+    Option("pod_uid", None, "POD_UID", "", _pod_uid,
+           "DRA: this pod's UID, in the names of its sockets (surge upgrades); empty: the fixed names"),
 )
 
 
@@ -252,6 +289,8 @@ class Settings:
     kubelet_plugins_path: pathlib.Path
     kubelet_plugin_registry_path: pathlib.Path
     kubeconfig: pathlib.Path | None
+    dra_unhealthy_taint_effect: TaintEffect
+    pod_uid: str
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -266,8 +305,9 @@ class Settings:
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
         run_dir_sockets = (ipc.UPDATES_SOCKET, ipc.SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
         _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
-        _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, DRA_SOCKET, "KUBELET_PLUGINS_PATH")
-        _check_socket_room(values["kubelet_plugin_registry_path"], DRA_REGISTRATION_SOCKET,
+        _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, dra_socket_name(values["pod_uid"]),
+                           "KUBELET_PLUGINS_PATH")
+        _check_socket_room(values["kubelet_plugin_registry_path"], dra_registration_socket_name(values["pod_uid"]),
                            "KUBELET_PLUGIN_REGISTRY_PATH")
         values["cdi_spec_dirs"] = tuple(values["cdi_root"] if d == CDI_ROOT_PLACEHOLDER else pathlib.Path(d)
                                         for d in values["cdi_spec_dirs"])
@@ -286,11 +326,11 @@ class Settings:
 
     @property
     def dra_socket(self) -> pathlib.Path:
-        return self.dra_plugin_dir / DRA_SOCKET
+        return self.dra_plugin_dir / dra_socket_name(self.pod_uid)
 
     @property
     def dra_registration_socket(self) -> pathlib.Path:
-        return self.kubelet_plugin_registry_path / DRA_REGISTRATION_SOCKET
+        return self.kubelet_plugin_registry_path / dra_registration_socket_name(self.pod_uid)
 
     def log_fields(self) -> dict[str, Any]:
         """The resolved configuration, as the startup record carries it."""
@@ -317,6 +357,8 @@ class Settings:
             "kubeletPluginsPath": str(self.kubelet_plugins_path),
             "kubeletPluginRegistryPath": str(self.kubelet_plugin_registry_path),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig else "",
+            "draUnhealthyTaintEffect": self.dra_unhealthy_taint_effect.value,
+            "podUID": self.pod_uid,
         }
 
 

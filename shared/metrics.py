@@ -91,9 +91,13 @@ DRA_PREPARE_DURATION = Family("rbln_device_plugin_dra_prepare_duration_seconds",
 DRA_SLICE_PUBLISHES = Family("rbln_device_plugin_dra_slice_publishes_total", Kind.COUNTER,
                              "ResourceSlice reconciliations that changed the API server, or failed, by result",
                              ("result",))
+DRA_CHECKPOINT_REBUILDS = Family("rbln_device_plugin_dra_checkpoint_rebuilds_total", Kind.COUNTER,
+                                 "Unreadable checkpoints worker-dra moved aside and rebuilt from the node")
+DRA_SLICE_WATCH_RESTARTS = Family("rbln_device_plugin_dra_slice_watch_restarts_total", Kind.COUNTER,
+                                  "Watches on the node's ResourceSlices that failed and were started afresh")
 EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
                   RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS, DRA_PREPARES,
-                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES)
+                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES, DRA_CHECKPOINT_REBUILDS, DRA_SLICE_WATCH_RESTARTS)
 
 # State families.
 DEVICES = Family("rbln_device_plugin_devices", Kind.GAUGE,
@@ -116,13 +120,18 @@ CDI_SPEC_RESOLVABLE = Family("rbln_device_plugin_cdi_spec_resolvable", Kind.GAUG
                              "the Allocate annotation names")
 DRA_PREPARED_CLAIMS = Family("rbln_device_plugin_dra_prepared_claims", Kind.GAUGE,
                              "ResourceClaims worker-dra holds prepared (its checkpoint)")
+DRA_HEALTH_STREAMS = Family("rbln_device_plugin_dra_health_streams", Kind.GAUGE,
+                            "NodeWatchResources (device health) streams the kubelet holds open on worker-dra")
+DRA_TAINTED_DEVICES = Family("rbln_device_plugin_dra_tainted_devices", Kind.GAUGE,
+                             "Devices worker-dra publishes with the unhealthy taint")
 STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING, LAST_SCAN, READY,
-                  CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS)
+                  CDI_SPEC_RESOLVABLE, DRA_PREPARED_CLAIMS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
 
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 # What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
 # appear in both modes, as zero while nothing happened.
-DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS)
+DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_CHECKPOINT_REBUILDS,
+                     DRA_SLICE_WATCH_RESTARTS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
@@ -195,7 +204,7 @@ class Recorder:
             return files
         resource, smi_commands, dra = self._zero_series
         for family in EVENT_FAMILIES:
-            if not family.labels:
+            if not family.labels and (dra or family not in DRA_ONLY_FAMILIES):
                 files.touch(family)
         if resource is not None:
             for result in Result:
@@ -285,6 +294,13 @@ class Recorder:
         thread is the one place it happens)."""
         self._record(lambda f: f.inc(DRA_SLICE_PUBLISHES, (Result.SUCCESS if ok else Result.FAILURE).value))
         self.flush()
+
+    def slice_watch_restart(self) -> None:
+        self._record(lambda f: f.inc(DRA_SLICE_WATCH_RESTARTS))
+        self.flush()
+
+    def checkpoint_rebuild(self) -> None:
+        self._record(lambda f: f.inc(DRA_CHECKPOINT_REBUILDS))
 
     def kubelet_restart(self) -> None:
         self._record(lambda f: f.inc(KUBELET_RESTARTS))

@@ -32,9 +32,13 @@ class RsdGroupError(RuntimeError):
 
 
 @contextlib.contextmanager
-def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
+def held_flock(lock_file: pathlib.Path, timeout: float, setting: str = RSD_LOCK_FILE_ENV,
+               name: str = "RSD lock") -> Iterator[int]:
     """Hold an exclusive flock on `lock_file` and yield its descriptor; RsdGroupError if it is not
-    free within `timeout`.
+    free within `timeout`. `setting` (the variable that places the file) and `name` are for the messages.
+
+    Each call opens the file anew, and flocks of two open files exclude each other: the lock serializes
+    threads of one process as it does processes.
 
     The kernel drops the lock when the last descriptor of it closes: a holder that dies never
     wedges the node, except through a child it handed the descriptor to, which keeps the lock
@@ -43,11 +47,11 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
     try:
         lock_file.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RsdGroupError(f"{RSD_LOCK_FILE_ENV} {lock_file}: cannot create its directory: "
+        raise RsdGroupError(f"{setting} {lock_file}: cannot create its directory: "
                             f"{exc.strerror or exc}") from None
     try:
         # The descriptor goes to rbln-smi, run as root: only a plain file of the stack's user will do.
-        fd = safe_open.open_file(lock_file, os.O_RDWR | os.O_CREAT, RSD_LOCK_FILE_ENV)
+        fd = safe_open.open_file(lock_file, os.O_RDWR | os.O_CREAT, setting)
     except OSError as exc:
         raise RsdGroupError(str(exc)) from None
     try:
@@ -59,7 +63,7 @@ def held_flock(lock_file: pathlib.Path, timeout: float) -> Iterator[int]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    held = f"RSD lock {lock_file} still held by another process after {timeout:g}s"
+                    held = f"{name} {lock_file} still held by another process after {timeout:g}s"
                     raise RsdGroupError(held) from None
                 time.sleep(pause)
                 pause = min(pause * 2, _LOCK_POLL_MAX)

@@ -174,16 +174,22 @@ class DraStatus:
     prepared_claims: int | None = None
     slice_generation: int | None = None
     devices: int | None = None
+    health_streams: int | None = None
+    """The kubelet's open NodeWatchResources streams."""
+    tainted_devices: int | None = None
+    """Devices published with the unhealthy taint."""
     stamp: Stamp | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"registered": self.registered, "preparedClaims": self.prepared_claims,
-                "sliceGeneration": self.slice_generation, "devices": self.devices}
+                "sliceGeneration": self.slice_generation, "devices": self.devices,
+                "healthStreams": self.health_streams, "taintedDevices": self.tainted_devices}
 
     @classmethod
     def decode(cls, document: Document, stamp: Stamp) -> DraStatus:
         return cls(_typed(document.get("registered"), bool), _typed(document.get("preparedClaims"), int),
-                   _typed(document.get("sliceGeneration"), int), _typed(document.get("devices"), int), stamp)
+                   _typed(document.get("sliceGeneration"), int), _typed(document.get("devices"), int),
+                   _typed(document.get("healthStreams"), int), _typed(document.get("taintedDevices"), int), stamp)
 
 
 StatusRecord = ScannerStatus | WorkerStatus | DraStatus

@@ -112,6 +112,9 @@ class SimulatedNode:
             # Never the machine's own /etc/cdi.
             "CDI_SPEC_DIRS": f"{self.cdi_root}:{self.static_cdi_dir}",
             "KUBELET_DEVICE_PLUGIN_PATH": str(self.plugin_dir),
+            # DRA's kubelet dirs too: a stack in either mode looks at the other mode's sockets (never the host's).
+            "KUBELET_PLUGINS_PATH": str(self.root / "plugins"),
+            "KUBELET_PLUGIN_REGISTRY_PATH": str(self.root / "plugins_registry"),
             "RBLN_RSD_LOCK_FILE": str(self.lock_file),
             "RBLN_DEVICE_PLUGIN_RUN_DIR": str(self.run_dir),
             "RBLN_DEVICE_PLUGIN_LOG_DIR": str(self.log_dir),

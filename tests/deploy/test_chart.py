@@ -918,6 +918,8 @@ def test_dra_mode_grants_exactly_what_worker_dra_needs_to_its_service_account_an
     role = next(doc for doc in docs if doc["kind"] == "ClusterRole")
     assert {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
             for r in rule["resources"]} == manifest_checks.DRA_RULES
+    driver_rules = [rule for rule in role["rules"] if "resourceclaims/driver" in rule["resources"]]
+    assert [rule.get("resourceNames") for rule in driver_rules] == [["npu.rebellions.ai"]]
     binding = next(doc for doc in docs if doc["kind"] == "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod_spec(values=DRA_VALUES)["serviceAccountName"],
                                     "namespace": NAMESPACE}]
@@ -942,6 +944,29 @@ def test_dra_mode_sets_its_environment_and_mounts_the_kubelet_s_plugin_dirs():
     assert mounts["/var/lib/kubelet/plugins"] == ("hostPath", "/var/lib/kubelet/plugins", False)
     assert mounts["/var/lib/kubelet/plugins_registry"] == ("hostPath", "/var/lib/kubelet/plugins_registry", False)
     assert "/var/lib/kubelet/plugins" not in mounts_of()
+
+
+def test_dra_mode_surges_with_sockets_named_by_the_pod_uid_and_the_device_plugin_never_does():
+    """The new DRA pod registers before the old one stops (the kubelet uses the newest registration); two
+    device plugins on one node would serve the same devices."""
+    strategy = daemonset(values=DRA_VALUES)["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pod_uid = next(e for e in plugin_container(values=DRA_VALUES)["env"] if e["name"] == "POD_UID")
+    assert pod_uid == {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+    assert "POD_UID" not in {e["name"] for e in plugin_container()["env"]}
+    assert daemonset()["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+
+
+def test_dra_mode_limits_the_service_account_to_its_own_node_s_slices_and_the_checks_hold_it():
+    """The policy itself is shown on a real API server in tests/dra (test_policy.py)."""
+    docs = render(values=DRA_VALUES)
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    assert not {d["kind"] for d in render()} & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    without = [d for d in docs if d["kind"] != "ValidatingAdmissionPolicyBinding"]
+    assert any("no ValidatingAdmissionPolicy" in p for p in manifest_checks.problems(without))
 
 
 def test_the_manifest_checks_catch_rbac_in_the_wrong_mode():

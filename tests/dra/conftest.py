@@ -1,6 +1,7 @@
 """Fixtures of the DRA scenarios: one real kube-apiserver (with etcd) for the session, holding what the chart
-renders for DRA; per scenario a simulated node, the kubelet's own DRA manager (the Go harness) for it and the
-real stack in DRA mode, whose worker reaches the API server as the chart's service account.
+renders for DRA (its ValidatingAdmissionPolicy included); per scenario a simulated node, the kubelet's own DRA
+manager (the Go harness) for it and the real stack in DRA mode, whose worker reaches the API server as the
+chart's service account with a token bound to a pod on its node, as the kubelet mounts it.
 
 tests/dra/run.sh builds the harness and runs these with this directory's pytest.ini; the project's default
 test run leaves this directory out (tests/conftest.py).
@@ -42,7 +43,8 @@ CHART = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "helm" / "k8s-d
 RELEASE_NAMESPACE = "kube-system"
 # The chart values that turn a node's stack to DRA (agreed in the DRA interface notes).
 DRA_VALUES = ("--set", "resourceApi=dra")
-_CHART_KINDS = ("DeviceClass", "ClusterRole", "ClusterRoleBinding")
+_CHART_KINDS = ("DeviceClass", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding")
 _NAMES = itertools.count(1)
 tools = load_deploy_module("tools")
 
@@ -86,11 +88,24 @@ def cluster(chart, tmp_path_factory) -> Iterator[ClusterAccess]:
     try:
         admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         admin.apply(*[obj for kind in _CHART_KINDS for obj in chart.get(kind) or ()], *accounts)
-        yield ClusterAccess(server, admin, tuple(d["metadata"]["name"] for d in chart.get("DeviceClass") or ()))
+        wait_until(lambda: _policy_refuses(server), 30, "the chart's ValidatingAdmissionPolicy in force")
+        yield ClusterAccess(server, admin, tuple(d["metadata"]["name"] for d in chart.get("DeviceClass") or ()),
+                            namespace, account["name"])
     finally:
         admin.close()
         server.close()
     shutil.rmtree(state, ignore_errors=True)
+
+
+def _policy_refuses(server: ApiServer) -> bool:
+    """Whether the API server applies the chart's policy yet (it loads new policies asynchronously): a dry-run
+    slice by the worker's static token, which names no node."""
+    token = yaml.safe_load(pathlib.Path(server.worker_kubeconfig).read_text())["users"][0]["user"]["token"]
+    probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "policy-probe"},
+             "spec": {"driver": DRIVER, "nodeName": "probe", "pool": {"name": "probe", "generation": 1,
+                                                                       "resourceSliceCount": 1}}}
+    answer = server.request("POST", "/apis/resource.k8s.io/v1/resourceslices?dryRun=All", token=token, body=probe)
+    return answer.status_code == 422 and "name no node" in answer.text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +113,31 @@ class ClusterAccess:
     server: ApiServer
     admin: DraKubelet
     device_classes: tuple[str, ...]
+    namespace: str
+    service_account: str
+
+    def pod_bound_token(self, node_name: str) -> str:
+        """A token of the chart's service account bound to a pod on `node_name` (a TokenRequest, as the kubelet
+        makes for the pod's projected token): it names the node (authentication.kubernetes.io/node-name)."""
+        (bound,) = self.admin.apply({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"plugin-{node_name}", "namespace": self.namespace},
+            "spec": {"nodeName": node_name, "serviceAccountName": self.service_account,
+                     "containers": [{"name": "plugin", "image": "none"}]}})
+        answer = self.server.request(
+            "POST", f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{self.service_account}/token",
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+                "expirationSeconds": 7200, "boundObjectRef": {
+                    "apiVersion": "v1", "kind": "Pod", "name": bound["metadata"]["name"],
+                    "uid": bound["metadata"]["uid"]}}})
+        assert answer.status_code == 201, f"TokenRequest: {answer.status_code} {answer.text}"
+        return answer.json()["status"]["token"]
+
+    def kubeconfig_with(self, token: str, path: pathlib.Path) -> str:
+        """The worker's kubeconfig with another bearer token."""
+        config = yaml.safe_load(pathlib.Path(self.server.worker_kubeconfig).read_text())
+        config["users"][0]["user"] = {"token": token}
+        path.write_text(yaml.safe_dump(config))
+        return str(path)
 
 
 @pytest.fixture
@@ -110,10 +150,12 @@ def node_root(request: pytest.FixtureRequest, cluster) -> Iterator[pathlib.Path]
 
 @dataclasses.dataclass
 class DraNode:
-    """A simulated node with its own Node object and namespace in the shared API server."""
+    """A simulated node with its own Node object and namespace in the shared API server, and its worker's
+    kubeconfig (a token bound to a pod on the node)."""
     node: SimulatedNode
     name: str
     namespace: str
+    kubeconfig: str
 
     @property
     def registry(self) -> pathlib.Path:
@@ -125,7 +167,7 @@ class DraNode:
 
     def env(self, cluster: ClusterAccess, scan_interval: str = SCAN_INTERVAL) -> dict[str, str]:
         return {**self.node.env(scan_interval), "RESOURCE_API": "dra", "NODE_NAME": self.name,
-                "KUBECONFIG": cluster.server.worker_kubeconfig, "KUBELET_PLUGINS_PATH": str(self.plugins),
+                "KUBECONFIG": self.kubeconfig, "KUBELET_PLUGINS_PATH": str(self.plugins),
                 "KUBELET_PLUGIN_REGISTRY_PATH": str(self.registry), "RBLN_DEVICE_PLUGIN_LOG_LEVEL": "debug"}
 
 
@@ -133,11 +175,12 @@ class DraNode:
 def make_node(node_root, cluster) -> Callable[..., DraNode]:
     def make(spec: str, numa_nodes: int = 1, switches: int = 2) -> DraNode:
         number = next(_NAMES)
-        dra_node = DraNode(build_node(node_root, NodeSpec.parse(spec, numa_nodes=numa_nodes, switches=switches)),
-                           f"dra-node-{number}", f"dra-{number}")
-        cluster.admin.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": dra_node.name}},
-                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": dra_node.namespace}})
-        return dra_node
+        name = f"dra-node-{number}"
+        cluster.admin.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"dra-{number}"}})
+        kubeconfig = cluster.kubeconfig_with(cluster.pod_bound_token(name), node_root / f"{name}.kubeconfig")
+        return DraNode(build_node(node_root, NodeSpec.parse(spec, numa_nodes=numa_nodes, switches=switches)),
+                       name, f"dra-{number}", kubeconfig)
     return make
 
 

@@ -3,13 +3,18 @@ manager with the scheduler's allocator, driven with JSON lines like the conforma
 
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
 import queue
+import ssl
 import subprocess
 import threading
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import yaml
 
 from tests.conformance.kubelet_harness import HarnessError, KubeletHarness
 
@@ -26,6 +31,7 @@ class ApiServer:
         self._command = [str(binary), "apiserver", f"-dir={state_dir}", f"-service-account={service_account}"]
         self._proc: subprocess.Popen | None = None
         self.info: dict[str, Any] = {}
+        self.starts = 0
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -33,8 +39,10 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "w") as log:
-            self._proc = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+        # A restart keeps the port, the etcd data and the credentials: clients reach the same server again.
+        command = [*self._command, f"-port={urllib.parse.urlsplit(self.url).port}"] if self.info else self._command
+        with open(self.log_path, "a") as log:
+            self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                           text=True)
         lines: queue.Queue[str] = queue.Queue()
         assert self._proc.stdout is not None
@@ -46,7 +54,51 @@ class ApiServer:
         if not line:
             raise HarnessError(f"dra-harness apiserver exited ({self._proc.wait()}): {self._log_tail()}")
         self.info = json.loads(line)
+        self.starts += 1
         return self
+
+    def restart(self) -> None:
+        """Stop (SIGTERM: kube-apiserver's own shutdown) and start again on the same port and data."""
+        self.close()
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return self.info.get("server", "")
+
+    def get(self, path: str, token: str | None = None) -> Any:
+        """GET `path` as the administrator (or with `token`); the answer's text."""
+        return self.request("GET", path, token=token).text
+
+    def request(self, method: str, path: str, token: str | None = None, body: Any = None) -> Any:
+        """An HTTP request to the API server as the administrator, or with another bearer token."""
+        with self.client(token) as client:
+            return client.request(method, path, json=body)
+
+    def client(self, token: str | None = None) -> Any:
+        """An HTTP client (httpx2) of the API server, as the administrator or with another bearer token."""
+        import httpx2
+
+        config = yaml.safe_load(pathlib.Path(self.admin_kubeconfig).read_text())
+        ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
+        context = ssl.create_default_context(cadata=ca.decode())
+        bearer = token or config["users"][0]["user"]["token"]
+        return httpx2.Client(base_url=self.url, verify=context, timeout=60,
+                             headers={"Authorization": f"Bearer {bearer}"})
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def request_counts(self, resource: str) -> dict[str, float]:
+        """apiserver_request_total for `resource`, summed by verb (the API server's own count of requests)."""
+        counts: dict[str, float] = {}
+        for line in self.get("/metrics").splitlines():
+            if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line:
+                verb = line.split('verb="', 1)[1].split('"', 1)[0]
+                counts[verb] = counts.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
+        return counts
 
     def _log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -147,6 +199,10 @@ class DraKubelet(KubeletHarness):
     def unprepare(self, pod_uid: str) -> None:
         self.request("unprepare", timeout=60, podUID=pod_uid)
 
+    def pod_health(self, pod: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Container -> its status.allocatedResourcesStatus, as the kubelet's next status sync would write it."""
+        return self.request("podHealth", pod=dict(pod))["containers"]
+
 
 def pod(name: str, namespace: str, claims: Mapping[str, str] | None = None,
         containers: Mapping[str, Iterable[str]] | None = None,
@@ -181,9 +237,15 @@ def claim(name: str, namespace: str, requests: Iterable[Mapping[str, Any]],
             "spec": {"devices": devices}}
 
 
-def exactly(name: str, device_class: str, count: int = 1, selectors: Iterable[str] = ()) -> dict[str, Any]:
-    """One request of a claim: `count` devices of a class, with CEL selectors."""
+def exactly(name: str, device_class: str, count: int = 1, selectors: Iterable[str] = (),
+            tolerations: Iterable[Mapping[str, str]] = (), admin_access: bool = False) -> dict[str, Any]:
+    """One request of a claim: `count` devices of a class, with CEL selectors and device taint tolerations, for
+    use or (admin access) for monitoring."""
     request: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    if admin_access:
+        request["adminAccess"] = True
     if selectors:
         request["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    if tolerations:
+        request["tolerations"] = [dict(t) for t in tolerations]
     return {"name": name, "exactly": request}

@@ -93,7 +93,7 @@ def test_a_repeated_prepare_answers_the_same_and_makes_no_second_group(serve):
     first_groups = claim_groups(node)
     assert len(first_groups) == 1
     node.set_status(broken, 0)
-    wait_until(lambda: broken in kubelet.published_devices(), 30, f"{broken} healthy again")
+    wait_until(lambda: not kubelet.published_devices()[broken].get("taints"), 30, f"{broken} healthy again")
 
     cdi = kubelet.prepare(spec)["main"]
     groups = claim_groups(node)

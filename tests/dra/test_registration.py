@@ -18,7 +18,8 @@ def test_the_kubelet_registers_the_driver_with_the_v1_service_first_and_the_work
     with grpc.insecure_channel(f"unix://{serving.dra_node.registry / f'{DRIVER}-reg.sock'}") as channel:
         info = registration_grpc.RegistrationStub(channel).GetInfo(registration.InfoRequest(), timeout=5)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(plugins / DRIVER / "dra.sock"))
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                             "v1alpha1.DRAResourceHealth"]
     # The plugin manager's NotifyRegistrationStatus(registered) reached the worker once.
     serving.stack.wait_for_record(REGISTERED)
     assert not serving.stack.find("Kubelet refused the DRA plugin registration")

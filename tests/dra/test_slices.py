@@ -81,23 +81,54 @@ def test_the_slices_list_every_pf_and_vf_of_the_inventory_with_the_contract_attr
         assert quantity_bytes(published[device]["capacity"]["memory"]["value"]) == want["memory"], device
 
 
-def test_an_unhealthy_device_leaves_the_slice_cannot_be_allocated_and_comes_back_when_it_recovers(serve):
+UNHEALTHY = "npu.rebellions.ai/unhealthy"
+TOLERATE_UNHEALTHY = {"key": UNHEALTHY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def taints(kubelet: DraKubelet) -> dict[str, list[dict[str, Any]]]:
+    return {name: device["taints"] for name, device in kubelet.published_devices().items() if device.get("taints")}
+
+
+def test_an_unhealthy_device_is_tainted_not_allocated_unless_tolerated_and_the_taint_goes_when_it_recovers(serve):
     serving = serve("2", {"rbln0", "rbln1"})
     kubelet, node, namespace = serving.kubelet, serving.node, serving.namespace
     generation = kubelet.slices()[0]["spec"]["pool"]["generation"]
 
     node.set_status("rbln1", FAULT)
-    wait_until(lambda: set(kubelet.published_devices()) == {"rbln0"}, 30, "rbln1 gone from the slice")
-    assert kubelet.slices()[0]["spec"]["pool"]["generation"] > generation
-    # The scheduler's allocator sees one NPU: a two-NPU claim does not fit, a one-NPU claim gets rbln0.
+    wait_until(lambda: "rbln1" in taints(kubelet), 30, "rbln1 tainted")
+    [taint] = taints(kubelet)["rbln1"]
+    assert (taint["key"], taint["value"], taint["effect"]) == (UNHEALTHY, "FAULT", "NoSchedule")
+    assert taint["timeAdded"]  # stamped by the API server, which keeps the field: taints are on
+    assert set(kubelet.published_devices()) == {"rbln0", "rbln1"}
+    # A change of one slice keeps the pool generation (KEP-5055).
+    assert kubelet.slices()[0]["spec"]["pool"]["generation"] == generation
+    # The scheduler's allocator does not hand out the tainted NPU: a two-NPU claim does not fit, a one-NPU claim
+    # gets rbln0, and only a claim tolerating the taint gets rbln1.
     kubelet.apply(claim("two", namespace, [exactly("npus", "npu.rebellions.ai", count=2)]),
-                  claim("one", namespace, [exactly("npus", "npu.rebellions.ai")]))
+                  claim("one", namespace, [exactly("npus", "npu.rebellions.ai")]),
+                  claim("intolerant", namespace, [exactly("npus", "npu.rebellions.ai")]),
+                  claim("diagnostics", namespace, [exactly("npus", "npu.rebellions.ai",
+                                                           tolerations=[TOLERATE_UNHEALTHY])]))
     assert not kubelet.allocate(pod("wants-two", namespace, {"npus": "two"}))["allocated"]
     one = kubelet.allocate(pod("wants-one", namespace, {"npus": "one"}))
     assert [d["device"] for d in one["results"]["one"]] == ["rbln0"]
+    assert not kubelet.allocate(pod("intolerant", namespace, {"npus": "intolerant"}))["allocated"]
+    diagnostics = kubelet.allocate(pod("diagnostics", namespace, {"npus": "diagnostics"}))
+    assert [d["device"] for d in diagnostics["results"]["diagnostics"]] == ["rbln1"]
 
     node.set_status("rbln1", 0)
-    wait_until(lambda: set(kubelet.published_devices()) == {"rbln0", "rbln1"}, 30, "rbln1 back in the slice")
+    wait_until(lambda: taints(kubelet) == {}, 30, "the taint gone with the recovery")
+    assert kubelet.slices()[0]["spec"]["pool"]["generation"] == generation
+
+
+def test_with_the_effect_none_a_tainted_device_is_still_allocated(serve):
+    serving = serve("2", {"rbln0", "rbln1"}, DRA_UNHEALTHY_TAINT_EFFECT="None")
+    kubelet, node, namespace = serving.kubelet, serving.node, serving.namespace
+    node.set_status("rbln1", FAULT)
+    wait_until(lambda: [t["effect"] for t in taints(kubelet).get("rbln1", ())] == ["None"], 30,
+               "rbln1 tainted with the effect None")
+    kubelet.apply(claim("two", namespace, [exactly("npus", "npu.rebellions.ai", count=2)]))
+    assert kubelet.allocate(pod("wants-two", namespace, {"npus": "two"}))["allocated"]
 
 
 def test_the_worker_reaches_the_api_as_the_charts_service_account_with_only_its_clusterrole(cluster, node_root):

@@ -15,7 +15,7 @@ import sys
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from tests.fake_kube_api import FakeKubeApi
+from simulator.kube_api import FakeKubeApi
 
 NODE = "node-imports"
 # Run as `python -c`: records sys.modules at import and once the worker serves, then stops the worker.

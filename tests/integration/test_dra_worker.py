@@ -2,7 +2,7 @@
 sockets with gRPC the way the kubelet does: GetInfo, NotifyRegistrationStatus, Prepare and Unprepare repeated
 and out of order, v1 and v1beta1, with the worker killed in between.
 
-The API server here is the loopback stand-in of tests/fake_kube_api.py (claims written by the test, slices
+The API server here is the loopback stand-in of simulator/kube_api.py (claims written by the test, slices
 kept as the worker writes them); tests/dra runs the same worker against a real kube-apiserver and the kubelet's
 own DRA manager.
 """
@@ -27,8 +27,8 @@ from shared.pluginregistration.v1 import api_pb2 as reg
 from shared.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from shared.process_status import read_status
 from shared.supervisord.client import connect
+from simulator.kube_api import FakeKubeApi
 from simulator.stack import RUN_COMMAND
-from tests.fake_kube_api import FakeKubeApi
 
 NODE = "node-it"
 DRIVER = "npu.rebellions.ai"
@@ -83,7 +83,8 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
         stub = reg_grpc.RegistrationStub(channel)
         info = stub.GetInfo(reg.InfoRequest(), timeout=5)
         assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
-            "DRAPlugin", DRIVER, str(dra_sock), ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+            "DRAPlugin", DRIVER, str(dra_sock),
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"])
         stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error="no such version"),
                                       timeout=5)
         stack.wait_for_record("Kubelet refused the DRA plugin registration", err="no such version")
@@ -98,8 +99,9 @@ def test_registration_serving_and_slices(make_node, start_stack, api):
     assert starts == {"scanner", "worker-dra", "watchdog"}, "no device plugin worker runs in DRA mode"
     assert set(connect(node.run_dir).programs()) == {"scanner", "worker-dra", "watchdog"}
     assert not list(node.plugin_dir.glob("rbln-device-plugin-*.sock"))
-    # Anyone deleting the slices: they are back within a scan.
-    api.slices.clear()
+    # Anyone deleting the slices: the watch shows it, and they are back.
+    for name in list(api.slices):
+        api.remove_slice(name)
     stack.wait_for_record("Published ResourceSlices", count=2)
     assert _published(api) == expected
 

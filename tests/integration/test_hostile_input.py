@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loguru import logger
 
-from resource_worker.streams import MAX_OPEN_STREAMS
 from scanner.publisher import InventoryPublisher
 from shared import ipc
 from shared.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.resources import Resource
+from shared.streams import MAX_OPEN_STREAMS
 from shared.subscriber import InventorySubscriber
 from simulator.kubelet import KubeletSimulator
 from simulator.node import SimulatedNode, build_node
@@ -149,8 +149,10 @@ def footprint_violations(served: Served) -> list[str]:
     node = served.node
     own = [node.run_dir, node.cdi_root, node.lock_file, node.plugin_dir, node.log_dir]
     std_streams = ["/dev/stdout", "/dev/stderr", "/dev/null"]
-    # The other CDI spec dir is only read: the scanner checks whether a spec there resolves the annotation.
-    readable = [node.sysfs_root, node.dev_root, *own, node.static_cdi_dir, *_code_roots(),
+    # The other CDI spec dir is only read: the scanner checks whether a spec there resolves the annotation; so are
+    # DRA's kubelet dirs: a stack looks for the other mode's sockets there.
+    dra_dirs = [pathlib.Path(node.env()[name]) for name in ("KUBELET_PLUGINS_PATH", "KUBELET_PLUGIN_REGISTRY_PATH")]
+    readable = [node.sysfs_root, node.dev_root, *own, node.static_cdi_dir, *dra_dirs, *_code_roots(),
                 served.audit_dir.parent / "hook", "/proc", *std_streams, "/dev/urandom"]
     writable = [*own, *std_streams]
     ancestors = {str(p) for root in own for p in root.parents}  # mkdir(parents=True) walks these

@@ -9,7 +9,8 @@ import pytest
 
 from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
-from tests.fake_kube_api import FakeKubeApi
+from simulator.kube_api import FakeKubeApi
+from tests.support.certificates import self_signed
 from tests.support.dra import NODE, claim, feed, simulated_node
 
 
@@ -89,7 +90,8 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
 
     state = InventoryState()
     feed(state, node)
-    publisher = SlicePublisher(client, NODE, state.current, resync_period=0.0)
+    publisher = SlicePublisher(client, NODE, state.current)
+    publisher.view.replace(client.list_slices(NODE, timeout=5).items)
     assert publisher.reconcile_once() is True
     (published,) = server.slices.values()
     assert published["spec"]["nodeName"] == NODE and published["spec"]["pool"]["generation"] == 1
@@ -98,8 +100,34 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
                    "spec.nodeName%3Dnode-a") in server.requests
     names = {d["name"] for d in published["spec"]["devices"]}
     assert "rbln0" in names
-    server.slices.clear()
-    assert publisher.reconcile_once() is True and len(server.slices) == 1
+
+
+def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_preconditions(server, client):
+    """lightkube's watch, and the delete `_delete_with_preconditions` builds from lightkube's generic client: a
+    request of the shape the API server takes, checked against the release it was written for."""
+    from importlib.metadata import version
+
+    from dra_worker.kube import LIGHTKUBE_CHECKED
+
+    assert version("lightkube") == LIGHTKUBE_CHECKED, "check _delete_with_preconditions against this release"
+    server.put_slice({"metadata": {"name": "s1", "uid": "uid-s1"}, "spec": {"driver": "npu.rebellions.ai",
+                                                                         "nodeName": NODE, "devices": []}})
+    listing = client.list_slices(NODE, timeout=5)
+    events = client.watch_slices(NODE, listing.resource_version, server_timeout=30)
+    server.put_slice({**server.slices["s1"]})
+    kind, item = next(events)
+    assert kind == "MODIFIED" and item["metadata"]["resourceVersion"] == server.slices["s1"]["metadata"][
+        "resourceVersion"]
+    assert any(method == "GET" and "watch=true" in path and "timeoutSeconds=30" in path
+               and f"resourceVersion={listing.resource_version}" in path
+               and "fieldSelector=spec.driver%3Dnpu.rebellions.ai%2Cspec.nodeName%3Dnode-a" in path
+               for method, path in server.requests)
+    with pytest.raises(ApiFailure, match="409"):
+        client.delete_slice(listing.items[0], timeout=5)  # changed since it was listed
+    client.delete_slice(item, timeout=5)
+    client.delete_slice(item, timeout=5)  # gone already: what was wanted
+    assert "s1" not in server.slices
+    server.end_watches()
 
 
 def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(server, client):
@@ -117,13 +145,13 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
                                             "devices": []}}, timeout=5)
     (stored,) = server.slices.values()
     assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
-    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5)] == ["x"]
+    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5).items] == ["x"]
 
 
 def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):
     """As a real API server is reached: HTTPS, its certificate checked against the cluster's CA; a server the
     kubeconfig names no CA for is refused (not one the system trusts), a failure and not a crash."""
-    api = FakeKubeApi(tls_dir=tmp_path).start()
+    api = FakeKubeApi(tls=self_signed(tmp_path, "127.0.0.1")).start()
     api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-tls"}}
     try:
         config = api.kubeconfig(tmp_path / "kubeconfig")
@@ -137,3 +165,21 @@ def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(t
         assert refused.value.status is None
     finally:
         api.stop()
+
+
+def test_a_claim_s_device_status_is_applied_to_the_status_subresource_with_the_claim_s_uid(tmp_path):
+    server = FakeKubeApi().start()
+    try:
+        server.claims[("team-c", "c3")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                           "metadata": {"name": "c3", "namespace": "team-c", "uid": "u3"}}
+        client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"))
+        entry = {"driver": "npu.rebellions.ai", "pool": NODE, "device": "rbln0", "data": {"health": "Healthy"}}
+        client.apply_claim_status("team-c", "c3", "u3", [entry], timeout=5)
+        assert server.claims[("team-c", "c3")]["status"]["devices"] == [entry]
+        assert server.requests[-1][0] == "PATCH"
+        assert server.requests[-1][1].startswith("/apis/resource.k8s.io/v1/namespaces/team-c/resourceclaims/c3/status")
+        assert "fieldManager=npu.rebellions.ai" in server.requests[-1][1]
+        with pytest.raises(ApiFailure):
+            client.apply_claim_status("team-c", "c3", "replaced", [entry], timeout=5)
+    finally:
+        server.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import time
 
 import pytest
@@ -10,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dra_worker import cdi
-from dra_worker.checkpoint import Checkpoint
+from dra_worker.checkpoint import LOCK_NAME, LOCK_TIMEOUT, Checkpoint
 from dra_worker.inventory import InventoryState
-from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer
+from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer, PrepareSettings
+from dra_worker.rebuild import rebuild_claims
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.cdi_spec import check_spec
 from shared.cdi_spec_dirs import parse_spec_text
@@ -27,13 +29,17 @@ def node(tmp_path):
     return simulated_node(tmp_path)
 
 
-def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic):
+def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic,
+              lock_timeout=LOCK_TIMEOUT, rebuilds=None):
+    rebuilds = [] if rebuilds is None else rebuilds
     plugin_dir = tmp_path / "plugins" / "npu.rebellions.ai"
     plugin_dir.mkdir(parents=True, exist_ok=True)
-    return Preparer(api=store, inventory=state.current, rsd_groups=RsdGroups(RblnSmi(node.rbln_smi), node.lock_file),
-                    checkpoint=Checkpoint(plugin_dir), cdi_root=node.cdi_root, dev_root=node.dev_root, pool=NODE,
-                    read_status=lambda device: read_status(node.sysfs_root, device), cdi_annotation=annotation,
-                    node_timeout=timeout, clock=clock)
+    return Preparer(PrepareSettings(
+        api=store, inventory=state.current, rsd_groups=RsdGroups(RblnSmi(node.rbln_smi), node.lock_file),
+        checkpoint=Checkpoint(plugin_dir, lambda: rebuild_claims(node.cdi_root, RblnSmi(node.rbln_smi).groups()),
+                              on_rebuilt=lambda: rebuilds.append(1), lock_timeout=lock_timeout),
+        read_status=lambda device: read_status(node.sysfs_root, device), pool=NODE, cdi_root=node.cdi_root,
+        dev_root=node.dev_root, cdi_annotation=annotation, node_timeout=timeout, clock=clock))
 
 
 @pytest.fixture
@@ -213,14 +219,85 @@ def test_a_failed_rsd_group_leaves_nothing_behind(node, world):
     assert preparer.prepared_count() == 0 and not cdi.spec_path(node.cdi_root, "uid-1").exists()
 
 
-def test_a_corrupt_checkpoint_fails_every_claim_rather_than_forget(node, world):
+def _checkpoint_path(node):
+    return Checkpoint(node.root.parent / "plugins" / "npu.rebellions.ai").path
+
+
+@pytest.mark.parametrize("damage", [
+    lambda text: text[:len(text) // 2],  # truncated: a crash mid-write where rename is not atomic
+    lambda text: "{not json",
+    lambda text: json.dumps({**json.loads(text), "version": 99}),  # a later version, after a downgrade
+    lambda text: json.dumps({"checksum": 1, "v1": {"preparedClaims": {}}}),  # the Go driver's file
+])
+def test_an_unreadable_checkpoint_is_moved_aside_and_rebuilt_from_the_node(node, tmp_path, logs, damage):
+    store, state = ClaimStore(), InventoryState()
+    feed(state, node)
+    rebuilds: list[int] = []
+    preparer = _preparer(node, tmp_path, store, state, rebuilds=rebuilds)
+    vf = next(d.device for d in node.inventory if d.is_vf)
+    kept, other = store.add(claim("uid-1", ["rbln0", "rbln1"])), store.add(claim("uid-2", [vf]))
+    first = preparer.prepare([_ref(kept)])["uid-1"]
+    path = _checkpoint_path(node)
+    text = path.read_text()
+    path.write_text(damage(text))
+    calls = len(node.smi_calls())
+
+    assert preparer.prepare([_ref(other)])["uid-2"].error is None, "service goes on"
+    records = [r for r in logs if r["msg"] == "Checkpoint unreadable; moved aside and rebuilt from the node"]
+    assert len(records) == 1 and records[0]["level"] == "ERROR" and records[0]["claims"] == 1
+    aside = pathlib.Path(records[0]["movedTo"])
+    assert records[0]["path"] == str(path) and aside.parent == path.parent and aside.read_text() == damage(text)
+    assert rebuilds == [1]
+    again = preparer.prepare([_ref(kept)])["uid-1"]
+    assert again == first, "the rebuilt claim keeps its group and answer"
+    assert [c["command"] for c in node.smi_calls()[calls:]].count("create") == 1, "only uid-2 made a group"
+    assert "rbln0 is already prepared for claim uid-1" in preparer.prepare(
+        [_ref(store.add(claim("uid-3", ["rbln0"])))])["uid-3"].error
+    assert preparer.unprepare([_ref(kept)]) == {"uid-1": None}
+    assert first.rsd_group not in _groups(node) and not cdi.spec_path(node.cdi_root, "uid-1").exists()
+
+
+def test_a_rebuilt_claim_is_unprepared_without_its_name_and_one_whose_group_went_is_prepared_afresh(
+        node, world, logs):
+    store, _state, preparer = world
+    gone, kept = store.add(claim("uid-a", ["rbln0"])), store.add(claim("uid-b", ["rbln1"]))
+    old = preparer.prepare([_ref(gone)])["uid-a"]
+    preparer.prepare([_ref(kept)])
+    RsdGroups(RblnSmi(node.rbln_smi), node.lock_file).destroy(old.rsd_group)  # someone destroyed it
+    _checkpoint_path(node).write_text("")
+    assert preparer.unprepare([ClaimRef("default", "uid-b", "claim-uid-b")]) == {"uid-b": None}
+    assert _groups(node) == {}, "the rebuilt claim's group went with its Unprepare"
+    warned = [r for r in logs if r["msg"] == "Removed a claim's CDI spec the node no longer backs"]
+    assert [r["claimUID"] for r in warned] == ["uid-a"] and not cdi.spec_path(node.cdi_root, "uid-a").exists()
+    afresh = preparer.prepare([_ref(gone)])["uid-a"]
+    assert afresh.error is None and _groups(node) == {afresh.rsd_group: [_npus(node)["rbln0"]]}
+
+
+def test_a_version_1_checkpoint_is_migrated(node, world):
+    store, _state, preparer = world
+    body = store.add(claim("uid-1", ["rbln0"]))
+    first = preparer.prepare([_ref(body)])["uid-1"]
+    path = _checkpoint_path(node)
+    document = json.loads(path.read_text())
+    for entry in document["claims"].values():
+        del entry["rebuilt"]
+    path.write_text(json.dumps({**document, "version": 1}))
+    assert preparer.prepare([_ref(body)])["uid-1"] == first
+    assert preparer.prepare([_ref(store.add(claim("uid-2", ["rbln1"])))])["uid-2"].error is None
+    assert json.loads(path.read_text())["version"] == 2 and preparer.prepared_count() == 2
+
+
+def test_when_the_node_cannot_be_read_the_unreadable_checkpoint_stays_and_the_next_call_rebuilds(node, world):
     store, _state, preparer = world
     body = store.add(claim("uid-1", ["rbln0"]))
     preparer.prepare([_ref(body)])
-    checkpoint = Checkpoint(node.root.parent / "plugins" / "npu.rebellions.ai").path
-    checkpoint.write_text("{not json")
-    assert "is corrupt" in preparer.prepare([_ref(body)])["uid-1"].error
-    assert "is corrupt" in preparer.unprepare([_ref(body)])["uid-1"]
+    path = _checkpoint_path(node)
+    path.write_text("{")
+    node.set_smi_fault("exit", commands=["groups"])
+    assert "rebuilding the prepared claims from the node failed" in preparer.unprepare([_ref(body)])["uid-1"]
+    assert path.read_text() == "{"
+    node.set_smi_fault(None)
+    assert preparer.unprepare([_ref(body)]) == {"uid-1": None} and _groups(node) == {}
 
 
 @pytest.mark.parametrize(("annotation", "resolvable", "named"), [
@@ -238,14 +315,14 @@ def test_the_toolkit_s_device_is_named_as_cdi_annotation_says_and_a_missing_spec
     assert bool(warned) is (not resolvable and annotation is not CdiAnnotation.NEVER)
 
 
-def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, world, monkeypatch):
-    from dra_worker import prepare
+def test_a_call_stuck_behind_another_instance_answers_with_an_error_in_bounded_time(node, tmp_path):
     from shared.rsd_group import held_flock
 
-    store, _state, preparer = world
-    monkeypatch.setattr(prepare, "SERIALIZE_TIMEOUT", 0.2)
+    store, state = ClaimStore(), InventoryState()
+    feed(state, node)
+    preparer = _preparer(node, tmp_path, store, state, lock_timeout=0.2)
     body = store.add(claim("uid-1", ["rbln0"]))
-    lock = node.root.parent / "plugins" / "npu.rebellions.ai" / prepare.SERIALIZE_LOCK
+    lock = node.root.parent / "plugins" / "npu.rebellions.ai" / LOCK_NAME
     with held_flock(lock, 1.0):  # another instance on the node, mid-call
         result = preparer.prepare([_ref(body)])["uid-1"]
         assert "still held by another process" in result.error
@@ -290,3 +367,92 @@ def test_any_claim_shape_gets_an_answer_and_leaves_the_node_consistent(node, wor
             assert {d.device for d in answer.devices} <= {"rbln0", "rbln1"}
         assert preparer.unprepare([ClaimRef("default", uid, "x")]) == {uid: None}
     assert _groups(node) == {} and not list(node.cdi_root.glob("k8s.npu.rebellions.ai-npu_*"))
+
+
+def test_two_instances_on_one_node_prepare_each_claim_once_and_agree(node, tmp_path):
+    """A surge upgrade's two instances share the checkpoint: racing on the same claims, each claim gets one
+    group, both answer alike, and an Unprepare by one is seen by the other's next Prepare."""
+    import threading
+
+    store, state = ClaimStore(), InventoryState()
+    feed(state, node)
+    instances = [_preparer(node, tmp_path, store, state) for _ in range(2)]
+    refs = [_ref(store.add(claim(f"uid-{i}", [f"rbln{i}"]))) for i in range(2)]
+    answers: list[dict] = []
+
+    def run(preparer):
+        answers.append(preparer.prepare(refs))
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in instances for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(a == answers[0] for a in answers) and all(r.error is None for r in answers[0].values())
+    assert sorted(_groups(node)) == sorted(r.rsd_group for r in answers[0].values())
+    creates = [c for c in node.smi_calls() if c["command"] == "create"]
+    assert len(creates) == 2, creates
+
+    assert instances[1].unprepare([refs[0]]) == {"uid-0": None}
+    again = instances[0].prepare([refs[0]])["uid-0"]
+    assert again.error is None and _groups(node)[again.rsd_group] == [_npus(node)["rbln0"]]
+
+
+def _admin(body):
+    for result in body["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    return body
+
+
+def test_an_admin_claim_shares_a_workload_s_device_without_touching_its_rsd_group(node, world, tmp_path):
+    store, state, preparer = world
+    workload = store.add(claim("uid-work", ["rbln0"]))
+    work = preparer.prepare([_ref(workload)])["uid-work"]
+    groups = _groups(node)
+    monitor = store.add(_admin(claim("uid-mon", ["rbln0"], name="monitor")))
+    result = preparer.prepare([_ref(monitor)])["uid-mon"]
+    assert result.error is None and result.rsd_group is None
+    assert _groups(node) == groups  # the workload keeps its group
+    spec = json.loads(cdi.spec_path(node.cdi_root, "uid-mon").read_bytes())
+    assert [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]] == ["/dev/rbln0"]
+    # A workload claim next to the admin one is not refused because of it, and unpreparing the admin claim
+    # leaves the workload's group.
+    other = store.add(claim("uid-work2", ["rbln1"]))
+    assert preparer.prepare([_ref(other)])["uid-work2"].error is None
+    assert preparer.unprepare([_ref(monitor)]) == {"uid-mon": None}
+    assert work.rsd_group in _groups(node) and not cdi.spec_path(node.cdi_root, "uid-mon").exists()
+    # Checkpointed like the others: a new preparer (a restarted worker) answers it the same.
+    again = store.add(_admin(claim("uid-mon2", ["rbln0"], name="monitor2")))
+    first = preparer.prepare([_ref(again)])["uid-mon2"]
+    restarted = _preparer(node, tmp_path, store, state)
+    assert restarted.prepare([_ref(again)])["uid-mon2"] == first and restarted.prepared_count() == 3
+
+
+def test_an_admin_claim_is_prepared_on_an_unhealthy_device_and_a_tolerating_claim_too(node, world):
+    store, _state, preparer = world
+    node.set_status("rbln0", 4)
+    plain = store.add(claim("uid-plain", ["rbln0"]))
+    assert "Unhealthy (FAULT)" in preparer.prepare([_ref(plain)])["uid-plain"].error
+    monitor = store.add(_admin(claim("uid-mon", ["rbln0"], name="monitor")))
+    assert preparer.prepare([_ref(monitor)])["uid-mon"].error is None
+    tolerant = claim("uid-diag", ["rbln0"], name="diagnostics")
+    tolerant["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [
+        {"key": "npu.rebellions.ai/unhealthy", "operator": "Equal", "value": "FAULT", "effect": "NoSchedule"}]
+    store.add(tolerant)
+    assert preparer.prepare([_ref(tolerant)])["uid-diag"].error is None
+
+
+def test_a_claim_mixing_admin_and_plain_requests_is_refused_with_the_reason(world):
+    store, _state, preparer = world
+    body = claim("uid-mix", ["rbln0", "rbln1"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    store.add(body)
+    assert "mixes requests with and without admin access" in preparer.prepare([_ref(body)])["uid-mix"].error
+
+
+def test_an_admin_claim_s_spec_is_rebuilt_as_an_admin_claim(node, world):
+    store, _state, preparer = world
+    monitor = store.add(_admin(claim("uid-mon", ["rbln1"], name="monitor")))
+    preparer.prepare([_ref(monitor)])
+    rebuilt = rebuild_claims(node.cdi_root, RblnSmi(node.rbln_smi).groups())
+    assert rebuilt["uid-mon"].admin_access and rebuilt["uid-mon"].rsd_group is None

@@ -1,162 +1,223 @@
-"""The slice publisher keeps the API server's slices equal to the inventory, whatever happens to either."""
+"""The slice publisher keeps the API server's slices equal to the inventory, whatever happens to either, through
+worker-dra's own client against the loopback stand-in of the API server (simulator/kube_api.py): one watch,
+writes only when what is wanted differs from what the watch shows, with preconditions."""
 
 from __future__ import annotations
 
-import itertools
-import threading
-from typing import Any
+import time
 
 import pytest
+from loguru import logger
 
 from dra_worker.inventory import InventoryState
-from dra_worker.kube import ApiFailure
+from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
 from shared.config import DRA_DRIVER
+from simulator.kube_api import FakeKubeApi
 from tests.support.dra import NODE, feed, simulated_node
+from tests.support.waiting import wait_until
 
-
-class SliceStore:
-    """The API server's ResourceSlices, and every change made to them, in order."""
-
-    def __init__(self) -> None:
-        self.slices: dict[str, dict[str, Any]] = {}
-        self.changes: list[tuple[str, str]] = []
-        self.fail_next = 0
-        self.failure: Exception = ApiFailure("503 ServiceUnavailable", 503)
-        self._names = itertools.count()
-
-    def _maybe_fail(self) -> None:
-        if self.fail_next:
-            self.fail_next -= 1
-            raise self.failure
-
-    def node_uid(self, node_name: str, timeout: float) -> str:
-        return f"uid-of-{node_name}"
-
-    def list_slices(self, node_name: str, timeout: float) -> list[dict[str, Any]]:
-        self._maybe_fail()
-        return [s for s in self.slices.values() if s["spec"]["nodeName"] == node_name
-                and s["spec"]["driver"] == DRA_DRIVER]
-
-    def create_slice(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        self._maybe_fail()
-        name = body["metadata"]["generateName"] + str(next(self._names))
-        self.slices[name] = {**body, "metadata": {**body["metadata"], "name": name}}
-        self.changes.append(("create", name))
-        return self.slices[name]
-
-    def replace_slice(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        self._maybe_fail()
-        self.slices[body["metadata"]["name"]] = body
-        self.changes.append(("update", body["metadata"]["name"]))
-        return body
-
-    def delete_slice(self, name: str, timeout: float) -> None:
-        self._maybe_fail()
-        self.slices.pop(name, None)
-        self.changes.append(("delete", name))
-
-    def devices(self) -> list[str]:
-        return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])
-
-    def generations(self) -> set[int]:
-        return {s["spec"]["pool"]["generation"] for s in self.slices.values()}
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 @pytest.fixture
-def setup(tmp_path):
+def server():
+    api = FakeKubeApi().start()
+    api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": f"uid-of-{NODE}"}}
+    yield api
+    api.stop()
+
+
+@pytest.fixture
+def setup(tmp_path, server):
     node = simulated_node(tmp_path)
     state = InventoryState()
-    store = SliceStore()
-    publisher = SlicePublisher(store, NODE, state.current, resync_period=3600)
-    return node, state, store, publisher
+    client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"))
+    return node, state, client, SlicePublisher(client, NODE, state.current, draw=lambda: 0.0)
 
 
-def test_nothing_is_published_before_every_resource_reported(setup):
-    _node, _state, store, publisher = setup
-    assert publisher.reconcile_once() is False and store.changes == []
+def _writes(server) -> list[tuple[str, str]]:
+    return [(method, path.split("?")[0]) for method, path in server.requests if method in ("POST", "PUT", "DELETE")]
 
 
-def test_the_pool_is_published_once_and_left_alone_while_nothing_changes(setup):
-    node, state, store, publisher = setup
+def _devices(server) -> list[str]:
+    return sorted(d["name"] for s in server.slices.values() for d in s["spec"]["devices"])
+
+
+def _generations(server) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in server.slices.values()}
+
+
+def _listed(publisher, client) -> None:
+    """The view as the watcher fills it at start."""
+    publisher.view.replace(client.list_slices(NODE, 5).items)
+
+
+def test_nothing_is_published_before_every_resource_reported_or_before_the_first_list(setup, server):
+    node, state, client, publisher = setup
+    _listed(publisher, client)
+    assert publisher.reconcile_once() is False
+    feed(state, node)
+    unlisted = SlicePublisher(client, NODE, state.current)
+    assert unlisted.reconcile_once() is False and _writes(server) == []
+
+
+def test_the_pool_is_published_once_and_left_alone_while_nothing_changes(setup, server):
+    node, state, client, publisher = setup
+    _listed(publisher, client)
     feed(state, node)
     assert publisher.reconcile_once() is True
-    (only,) = store.slices.values()
+    (only,) = server.slices.values()
     assert only["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": NODE,
                                                     "uid": f"uid-of-{NODE}", "controller": True}]
     assert only["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
-    changes = list(store.changes)
+    requests = list(server.requests)
     feed(state, node, seq=2)
-    assert publisher.reconcile_once() is False and store.changes == changes
+    assert publisher.reconcile_once() is False and server.requests == requests, "no request at all"
 
 
-def test_a_health_change_bumps_the_generation_and_recovery_restores_the_device(setup):
-    node, state, store, publisher = setup
+def _taints(server) -> dict[str, list]:
+    return {d["name"]: [{k: v for k, v in t.items() if k != "timeAdded"} for t in d["taints"]]
+            for s in server.slices.values() for d in s["spec"]["devices"] if d.get("taints")}
+
+
+def test_a_fault_taints_the_device_in_its_one_slice_and_keeps_the_pool_generation(setup, server):
+    node, state, client, publisher = setup
+    _listed(publisher, client)
     feed(state, node)
     publisher.reconcile_once()
+    writes = len(_writes(server))
     node.set_status("rbln0", 4)
     feed(state, node, seq=2)
     assert publisher.reconcile_once() is True
-    assert "rbln0" not in store.devices() and store.generations() == {2}
+    assert _taints(server) == {"rbln0": [{"key": "npu.rebellions.ai/unhealthy", "value": "FAULT",
+                                          "effect": "NoSchedule"}]}
+    assert "rbln0" in _devices(server) and _generations(server) == {1} and publisher.tainted == 1
+    assert [method for method, _ in _writes(server)[writes:]] == ["PUT"]
     node.set_status("rbln0", 0)
     feed(state, node, seq=3)
     publisher.reconcile_once()
-    assert "rbln0" in store.devices() and store.generations() == {3}
+    assert _taints(server) == {} and _generations(server) == {1} and publisher.tainted == 0
 
 
-def test_slices_deleted_by_someone_come_back_at_the_next_resync(setup):
-    node, state, store, _publisher = setup
-    publisher = SlicePublisher(store, NODE, state.current, resync_period=0.0)
-    feed(state, node)
-    publisher.reconcile_once()
-    devices = store.devices()
-    store.slices.clear()  # the kubelet wiped them
-    assert publisher.reconcile_once() is True
-    assert store.devices() == devices and store.generations() == {2}
-
-
-def test_obsolete_slices_are_deleted_before_anything_else(setup):
-    node, state, store, publisher = setup
-    feed(state, node)
-    spare = {"metadata": {"name": "zz-stale"}, "spec": {"driver": DRA_DRIVER, "nodeName": NODE,
-                                                        "pool": {"name": NODE, "generation": 5}, "devices": []}}
-    store.slices["zz-stale"] = spare
-    store.slices["aa-first"] = {**spare, "metadata": {"name": "aa-first"}}
-    publisher.reconcile_once()
-    assert store.changes[0] == ("delete", "zz-stale")
-    assert store.changes[1] == ("update", "aa-first")
-    assert store.generations() == {6}, "the generation goes past any the server had"
-
-
-def test_an_api_failure_is_raised_to_the_loop_and_the_next_try_repairs(setup):
-    node, state, store, publisher = setup
-    feed(state, node)
-    store.fail_next = 1
-    with pytest.raises(ApiFailure):
+def test_where_the_server_drops_taints_an_unhealthy_device_is_left_out_with_one_warning(setup, server):
+    node, state, client, publisher = setup
+    server.taints_off = True
+    records: list[dict] = []
+    sink = logger.add(lambda message: records.append(message.record), level="WARNING")
+    try:
+        _listed(publisher, client)
+        feed(state, node)
         publisher.reconcile_once()
-    assert publisher.reconcile_once() is True and store.devices()
+        node.set_status("rbln0", 4)
+        feed(state, node, seq=2)
+        assert publisher.reconcile_once() is True
+        assert "rbln0" not in _devices(server) and publisher.tainted == 0
+        node.set_status("rbln1", 4)
+        feed(state, node, seq=3)
+        publisher.reconcile_once()
+        assert not {"rbln0", "rbln1"} & set(_devices(server))
+        node.set_status("rbln0", 0)
+        node.set_status("rbln1", 0)
+        feed(state, node, seq=4)
+        publisher.reconcile_once()
+        assert {"rbln0", "rbln1"} <= set(_devices(server))
+    finally:
+        logger.remove(sink)
+    assert [r["message"] for r in records] == [
+        "API server drops device taints; Unhealthy devices are left out of the slices"]
 
 
-# A KeyError stands for what no one foresaw (a listed slice of another shape): the thread must outlive it.
-@pytest.mark.parametrize("failure", [ApiFailure("503 ServiceUnavailable", 503), KeyError("metadata")])
-def test_the_thread_publishes_on_wake_and_retries_failures(setup, failure):
-    node, state, store, _publisher = setup
-    store.failure = failure
-    outcomes: list[bool] = []
-    published = threading.Event()
+def test_obsolete_slices_are_deleted_first_with_preconditions(setup, server):
+    node, state, client, publisher = setup
+    spare = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": "zz-stale", "uid": "uid-zz"},
+             "spec": {"driver": DRA_DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 5}, "devices": []}}
+    server.put_slice(spare)
+    server.put_slice({**spare, "metadata": {"name": "aa-first", "uid": "uid-aa"}})
+    _listed(publisher, client)
+    server.put_slice({**server.slices["zz-stale"]})  # changed by someone since the watch showed it
+    feed(state, node)
+    with pytest.raises(ApiFailure, match="409"):
+        publisher.reconcile_once()
+    assert "zz-stale" in server.slices, "not deleted blindly"
+    _listed(publisher, client)  # the watch shows the change
+    assert publisher.reconcile_once() is True
+    assert _writes(server)[-2:] == [("DELETE", f"{SLICES}/zz-stale"), ("PUT", f"{SLICES}/aa-first")]
+    assert _generations(server) == {6}, "the generation goes past any the server had"
 
-    def on_publish(ok: bool) -> None:
-        outcomes.append(ok)
-        if ok:
-            published.set()
 
-    publisher = SlicePublisher(store, NODE, state.current, resync_period=3600, on_publish=on_publish)
-    store.fail_next = 1
+def test_the_threads_publish_repair_within_a_second_of_a_watch_event_and_ask_nothing_at_rest(setup, server):
+    node, state, client, publisher = setup
+    published = []
+    publisher = SlicePublisher(client, NODE, state.current, on_publish=published.append, draw=lambda: 0.0)
     publisher.start()
     try:
         feed(state, node)
         publisher.wake()
-        assert published.wait(10)
+        wait_until(lambda: _devices(server), 10, "the pool published")
+        devices = _devices(server)
+        at_rest = len(server.requests)
+        for seq in range(2, 6):  # scans that change nothing
+            feed(state, node, seq=seq)
+        (name,) = server.slices
+        server.remove_slice(name)  # the kubelet wiped it
+        removed = time.monotonic()
+        wait_until(lambda: _devices(server) == devices, 1.0, "the pool repaired within 1 s of the event")
+        repaired = time.monotonic() - removed
+        (name,) = server.slices
+        edited = server.slices[name]
+        server.put_slice({**edited, "spec": {**edited["spec"], "devices": []}})  # someone edited it
+        wait_until(lambda: _devices(server) == devices, 1.0, "the edit undone within 1 s of the event")
+        assert [m for m, _ in server.requests[at_rest:]] == ["POST", "PUT"], \
+            f"only the two repairs, no list and no write at rest ({repaired:.3f}s)"
+        assert published == [True, True, True]
     finally:
         publisher.stop()
-    assert outcomes == [False, True] and store.devices()
+
+
+def _watch_lists(server) -> list[str]:
+    return [p for m, p in server.requests if m == "GET" and p.startswith(SLICES) and "sendInitialEvents=true" in p]
+
+
+def _lists(server) -> list[str]:
+    return [p for m, p in server.requests if m == "GET" and p.startswith(SLICES) and "watch=true" not in p]
+
+
+@pytest.mark.parametrize("watch_lists", [True, False])
+def test_a_failed_watch_is_started_afresh_after_a_backoff_and_what_changed_meanwhile_repaired(
+        setup, server, watch_lists):
+    """With watch-lists the fresh start is one watch request; a server without them is listed, then watched."""
+    node, state, client, _publisher = setup
+    server.watch_lists = watch_lists
+    restarts = []
+    publisher = SlicePublisher(client, NODE, state.current, on_watch_restart=lambda: restarts.append(1),
+                               draw=lambda: 0.0)
+    feed(state, node)
+    publisher.start()
+    try:
+        wait_until(lambda: _devices(server), 10, "the pool published")
+        devices = _devices(server)
+        starts = (len(_watch_lists(server)), len(_lists(server)))
+        server.fail = [500]  # the resumed watch fails: the server restarted
+        server.end_watches()
+        (name,) = server.slices
+        server.remove_slice(name)
+        wait_until(lambda: restarts, 5, "the watch restart counted")
+        wait_until(lambda: _devices(server) == devices, 5, "the pool repaired after the fresh list")
+        if watch_lists:
+            assert (len(_watch_lists(server)), len(_lists(server))) == (starts[0] + 1, 0), "no list request"
+        else:
+            assert (len(_watch_lists(server)), len(_lists(server))) == (1, starts[1] + 1), "one refused watch-list"
+    finally:
+        publisher.stop()
+
+
+def test_an_api_failure_is_raised_to_the_loop_and_the_next_try_repairs(setup, server):
+    node, state, client, publisher = setup
+    _listed(publisher, client)
+    feed(state, node)
+    server.fail = [403]
+    with pytest.raises(ApiFailure):
+        publisher.reconcile_once()
+    assert publisher.reconcile_once() is True and _devices(server)

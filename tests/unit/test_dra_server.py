@@ -35,7 +35,8 @@ def test_a_stale_file_is_replaced_the_service_answers_and_stop_removes_the_socke
             stub = api_pb2_grpc.RegistrationStub(channel)
             info = stub.GetInfo(api_pb2.InfoRequest(), timeout=5)
             assert info.endpoint == str(short_dir / "plugins" / "dra.sock")
-            assert tuple(info.supported_versions) == SUPPORTED_VERSIONS == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+            assert tuple(info.supported_versions) == SUPPORTED_VERSIONS == (
+                "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
             stub.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=True), timeout=5)
             assert service.registered.is_set() and verdicts == [True]
             stub.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=False, error="x"), timeout=5)

@@ -8,7 +8,7 @@ import pytest
 
 from dra_worker import slices
 from dra_worker.inventory import InventoryState, NodeInventory, ServedDevice
-from shared.config import DRA_DRIVER
+from shared.config import DRA_DRIVER, TaintEffect
 from shared.device_health import Health
 from shared.device_status import StatusReading
 from shared.inventory import DeviceRecord
@@ -53,13 +53,14 @@ def test_what_the_node_does_not_say_is_left_out_rather_than_guessed():
                 "resource.kubernetes.io/pcieRoot"} & set(entry["attributes"])
 
 
-@pytest.mark.parametrize("count", [0, 1, 127, 128, 129, 300])
-def test_slices_hold_at_most_128_devices_and_count_themselves(count):
+@pytest.mark.parametrize("count", [0, 1, 63, 64, 65, 127, 128, 129, 300])
+@pytest.mark.parametrize("per_slice", [slices.MAX_DEVICES_PER_TAINTED_SLICE, slices.MAX_DEVICES_PER_SLICE])
+def test_slices_hold_at_most_their_bound_of_devices_and_count_themselves(count, per_slice):
     devices = [{"name": f"rbln{i}"} for i in range(count)]
-    specs = slices.slice_specs(NODE, devices, 7)
+    specs = slices.slice_specs(NODE, devices, 7, per_slice)
     assert [d for s in specs for d in s["devices"]] == devices
-    assert all(len(s["devices"]) <= slices.MAX_DEVICES_PER_SLICE for s in specs)
-    assert len(specs) == max(1, -(-count // 128))
+    assert all(len(s["devices"]) <= per_slice for s in specs)
+    assert len(specs) == max(1, -(-count // per_slice))
     assert {(s["driver"], s["nodeName"], s["pool"]["name"], s["pool"]["generation"], s["pool"]["resourceSliceCount"])
             for s in specs} == {(DRA_DRIVER, NODE, NODE, 7, len(specs))}
 
@@ -70,31 +71,64 @@ def test_the_simulated_node_s_pool_is_its_pfs_and_vfs_never_a_pf_hosting_vfs(tmp
     feed(state, node)
     inventory = state.current()
     assert inventory.complete
-    names = [d["name"] for d in slices.published_devices(inventory)]
+    names = [d["name"] for d in slices.published_devices(inventory, TaintEffect.NO_SCHEDULE)]
     hosting = [d.device for d in node.inventory if not d.is_vf and d.num_vfs]
     assert names == sorted(d.device for d in node.inventory if d.device not in hosting)
     assert hosting and not set(hosting) & set(names)
-    types = {d["name"]: d["attributes"]["type"]["string"] for d in slices.published_devices(inventory)}
+    types = {d["name"]: d["attributes"]["type"]["string"]
+             for d in slices.published_devices(inventory, TaintEffect.NO_SCHEDULE)}
     assert {t for n, t in types.items() if "-" in n} == {"vf"}
     assert {t for n, t in types.items() if "-" not in n} == {"npu"}
 
 
-def test_an_unhealthy_device_leaves_the_pool_and_comes_back_when_it_recovers(tmp_path):
+@pytest.mark.parametrize("effect", list(TaintEffect))
+def test_an_unhealthy_device_stays_tainted_with_its_status_and_the_taint_goes_when_it_recovers(tmp_path, effect):
+    node = simulated_node(tmp_path)
+    state = InventoryState()
+    feed(state, node)
+    node.set_status("rbln0", 4)
+    node.set_status("rbln1", 7)
+    feed(state, node, seq=2)
+    published = {d["name"]: d for d in slices.published_devices(state.current(), effect)}
+    assert published["rbln0"]["taints"] == [{"key": "npu.rebellions.ai/unhealthy", "value": "FAULT",
+                                             "effect": effect.value}]
+    assert published["rbln1"]["taints"][0]["value"] == "UNKNOWN-7"  # a label value has no parentheses
+    assert slices.tainted(list(published.values())) == 2
+    node.set_status("rbln0", 0)
+    feed(state, node, seq=3)
+    assert "taints" not in {d["name"]: d for d in slices.published_devices(state.current(), effect)}["rbln0"]
+
+
+def test_without_taints_an_unhealthy_device_leaves_the_pool_and_comes_back_when_it_recovers(tmp_path):
     node = simulated_node(tmp_path)
     state = InventoryState()
     feed(state, node)
     node.set_status("rbln0", 4)
     feed(state, node, seq=2)
-    assert "rbln0" not in [d["name"] for d in slices.published_devices(state.current())]
+    assert "rbln0" not in [d["name"] for d in slices.published_devices(state.current(), None)]
     node.set_status("rbln0", 0)
     feed(state, node, seq=3)
-    assert "rbln0" in [d["name"] for d in slices.published_devices(state.current())]
+    assert "rbln0" in [d["name"] for d in slices.published_devices(state.current(), None)]
+
+
+def test_a_taint_keeps_the_time_the_server_gave_it_and_a_dropped_taint_is_noticed():
+    taint = {"key": slices.UNHEALTHY_TAINT_KEY, "value": "FAULT", "effect": "NoSchedule"}
+    spec = slices.slice_specs(NODE, [{"name": "rbln0", "taints": [taint]}, {"name": "rbln1"}], 1, 64)[0]
+    stored = {**spec, "devices": [{"name": "rbln0", "taints": [{**taint, "timeAdded": "2026-12-06T19:00:00Z"}]},
+                                  {"name": "rbln1"}]}
+    assert slices.content(stored) == slices.content(spec)
+    assert slices.keep_time_added(spec, stored)["devices"] == stored["devices"]
+    moved_on = {**taint, "value": "BUSY"}
+    assert slices.keep_time_added({**spec, "devices": [{"name": "rbln0", "taints": [moved_on]}]}, stored)[
+        "devices"] == [{"name": "rbln0", "taints": [moved_on]}]  # another status: a new taint, a new time
+    assert not slices.taints_dropped(spec, stored)
+    assert slices.taints_dropped(spec, {**spec, "devices": [{"name": "rbln0"}, {"name": "rbln1"}]})
 
 
 def test_content_ignores_the_generation_only():
-    spec = slices.slice_specs(NODE, [{"name": "rbln0"}], 1)[0]
-    assert slices.content(spec) == slices.content(slices.slice_specs(NODE, [{"name": "rbln0"}], 9)[0])
-    assert slices.content(spec) != slices.content(slices.slice_specs(NODE, [{"name": "rbln1"}], 1)[0])
+    spec = slices.slice_specs(NODE, [{"name": "rbln0"}], 1, 64)[0]
+    assert slices.content(spec) == slices.content(slices.slice_specs(NODE, [{"name": "rbln0"}], 9, 64)[0])
+    assert slices.content(spec) != slices.content(slices.slice_specs(NODE, [{"name": "rbln1"}], 1, 64)[0])
 
 
 def test_an_inventory_before_every_resource_reported_is_incomplete():

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
 from resource_worker import servicer as servicer_module
 from resource_worker.servicer import DevicePluginServicer
-from resource_worker.streams import StreamTracker
 from shared import metrics
 from shared.deviceplugin.v1beta1 import api_pb2
 from shared.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
 from shared.resources import Resource
+from shared.streams import StreamTracker
 from shared.tracing import AllocationTracer
 from tests.support.allocators import make_allocator
 from tests.support.metrics_scrape import scrape, value

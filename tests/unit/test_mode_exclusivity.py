@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from shared.config import ResourceApi, Settings
+from shared.config import ConfigError, ResourceApi, Settings
 from shared.mode_exclusivity import is_live, other_mode_conflict
 
 
@@ -54,11 +54,25 @@ def test_a_live_device_plugin_socket_keeps_dra_from_starting(tmp_path, listening
     assert conflict is not None and "\n" not in conflict and "rebellions-ai-npu-vf4" in conflict
 
 
-def test_a_live_dra_registration_socket_keeps_the_device_plugin_from_starting(tmp_path, listening):
+@pytest.mark.parametrize("name", ["npu.rebellions.ai-reg.sock",
+                                  "npu.rebellions.ai-0c8e2f4a-6b1d-4e2f-9a7c-3d5e6f708192-reg.sock"])
+def test_a_live_dra_registration_socket_keeps_the_device_plugin_from_starting(tmp_path, listening, name):
+    """Either naming scheme: the fixed name, or an instance's with its pod UID (surge upgrades)."""
     settings = _settings(tmp_path, ResourceApi.DEVICE_PLUGIN)
     assert other_mode_conflict(settings) is None
-    listening(settings.dra_registration_socket)
-    assert "a live DRA plugin" in other_mode_conflict(settings)
+    listening(tmp_path / "reg" / name)
+    assert f"a live DRA plugin serves this node's NPUs ({tmp_path / 'reg' / name})" in other_mode_conflict(settings)
+
+
+def test_pod_uid_names_the_dra_sockets_and_is_checked():
+    fixed = Settings.from_environ({})
+    assert (fixed.dra_socket.name, fixed.dra_registration_socket.name) == ("dra.sock", "npu.rebellions.ai-reg.sock")
+    uid = "0c8e2f4a-6b1d-4e2f-9a7c-3d5e6f708192"
+    own = Settings.from_environ({"POD_UID": uid})
+    assert own.dra_socket.name == f"dra-{uid}.sock"
+    assert own.dra_registration_socket.name == f"npu.rebellions.ai-{uid}-reg.sock"
+    with pytest.raises(ConfigError, match=r"^invalid POD_UID '\.\./x': not a pod UID"):
+        Settings.from_environ({"POD_UID": "../x"})
 
 
 def test_a_dead_instance_s_socket_files_and_other_names_do_not_count(tmp_path, listening):

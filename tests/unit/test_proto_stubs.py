@@ -10,7 +10,8 @@ from shared.deviceplugin.v1beta1 import api_pb2
 from shared.podresources.v1 import api_pb2 as podresources_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1")
+APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1",
+        "dra_health/v1", "dra_health/v1alpha1")
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,25 @@ def test_dra_wire_contract(version):
     assert numbers(dra_pb2.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4,
                                        "share_id": 5}
     assert numbers(dra_pb2.NodeUnprepareResourceResponse) == {"error": 1}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_dra_health_wire_contract(version):
+    """The health service the kubelet watches on the DRA socket: /<version>.DRAResourceHealth/NodeWatchResources,
+    a server stream of complete device lists."""
+    import importlib
+
+    health_pb2 = importlib.import_module(f"shared.dra_health.{version}.api_pb2")
+    assert health_pb2.DESCRIPTOR.package == version
+    service = health_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == f"{version}.DRAResourceHealth"
+    assert [(m.name, m.server_streaming) for m in service.methods] == [("NodeWatchResources", True)]
+
+    def numbers(message):
+        return {f.name: f.number for f in message.DESCRIPTOR.fields}
+
+    assert numbers(health_pb2.NodeWatchResourcesResponse) == {"devices": 1}
+    assert numbers(health_pb2.DeviceHealth) == {"device": 1, "health": 2, "last_updated_time": 3,
+                                                "health_check_timeout_seconds": 4, "message": 5}
+    assert numbers(health_pb2.DeviceIdentifier) == {"pool_name": 1, "device_name": 2}
+    assert dict(health_pb2.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}

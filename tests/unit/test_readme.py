@@ -26,7 +26,8 @@ def test_ci_runs_exactly_the_readme_test_command():
 # The packages whose every module the README's map names; generated stubs are named by their directories.
 MAPPED_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker", "rbln_device_plugin",
                    "simulator")
-GENERATED = ("shared/deviceplugin/", "shared/podresources/", "shared/pluginregistration/", "shared/dra/")
+GENERATED = ("shared/deviceplugin/", "shared/podresources/", "shared/pluginregistration/", "shared/dra/",
+             "shared/dra_health/")
 
 
 def _map_entries() -> list[str]:

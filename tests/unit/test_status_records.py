@@ -54,7 +54,8 @@ def test_the_keys_on_disk_are_the_ones_the_probes_and_status_json_read(tmp_path)
                                                   "deviceCount", "healthyCount", "unhealthyCount",
                                                   "cdiResolvable", "devices"}
     assert on_disk["worker-npu"]["devices"]["rbln1"] == {"health": "Unhealthy", "status": "FAULT"}
-    assert set(on_disk["worker-dra"]) == stamp | {"registered", "preparedClaims", "sliceGeneration", "devices"}
+    assert set(on_disk["worker-dra"]) == stamp | {"registered", "preparedClaims", "sliceGeneration", "devices",
+                                                "healthStreams", "taintedDevices"}
 
 
 def test_a_record_of_the_wrong_kind_is_not_written(tmp_path):

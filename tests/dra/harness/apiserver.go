@@ -38,6 +38,8 @@ func runAPIServer(args []string) error {
 	serviceAccount := flags.String("service-account", "kube-system/rbln-device-plugin",
 		"NS/NAME: the identity of worker.kubeconfig, a service account as RBAC sees it")
 	verbosity := flags.Int("v", 1, "kube-apiserver's log verbosity")
+	fixedPort := flags.Int("port", 0, "the secure port; 0: a free one. With -dir of an earlier run (its etcd data "+
+		"and credentials kept), a restart of that API server")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -54,12 +56,14 @@ func runAPIServer(args []string) error {
 	}
 	defer etcd.Close()
 
-	port, err := freePort()
-	if err != nil {
-		return err
+	port := *fixedPort
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			return err
+		}
 	}
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
-	files, err := writeCredentials(*dir, namespace, name)
+	files, err := credentialsOf(*dir, namespace, name)
 	if err != nil {
 		return err
 	}
@@ -152,6 +156,28 @@ type credentials struct {
 
 func serviceAccountUser(namespace, name string) string {
 	return fmt.Sprintf("system:serviceaccount:%s:%s", namespace, name)
+}
+
+// credentialsOf reads the credentials an earlier run wrote into dir, or makes them (writeCredentials).
+func credentialsOf(dir, namespace, name string) (credentials, error) {
+	files := credentials{cert: filepath.Join(dir, "apiserver.crt"), key: filepath.Join(dir, "apiserver.key"),
+		tokens: filepath.Join(dir, "tokens.csv"), serviceAccountKey: filepath.Join(dir, "service-account.key")}
+	tokens, err := os.ReadFile(files.tokens)
+	if errors.Is(err, os.ErrNotExist) {
+		return writeCredentials(dir, namespace, name)
+	} else if err != nil {
+		return files, err
+	}
+	if files.caPEM, err = os.ReadFile(files.cert); err != nil {
+		return files, err
+	}
+	lines := strings.Split(strings.TrimSpace(string(tokens)), "\n")
+	if len(lines) != 2 {
+		return files, fmt.Errorf("%s: %d lines, not 2", files.tokens, len(lines))
+	}
+	files.adminToken, _, _ = strings.Cut(lines[0], ",")
+	files.workerToken, _, _ = strings.Cut(lines[1], ",")
+	return files, nil
 }
 
 // writeCredentials makes the serving certificate (its CA goes into the kubeconfigs), the service account

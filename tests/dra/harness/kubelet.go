@@ -17,6 +17,9 @@ package main
 //	    does, and records it in the pod's status. {"allocated", "claim", "results", "requestMappings"}
 //	{"cmd": "prepare", "pod": POD}            PrepareResources; {"cdiDevices": {container: [ID...]}}
 //	{"cmd": "unprepare", "podUID": U}         UnprepareResources for a prepared pod, which then goes
+//	{"cmd": "podHealth", "pod": POD}          what the kubelet's next status sync of the prepared pod writes
+//	    into status.containerStatuses[].allocatedResourcesStatus (UpdateAllocatedResourcesStatus, fed by the
+//	    drivers' health streams): {"containers": {container: [ResourceStatus...]}}
 //	{"cmd": "apply", "objects": [OBJ...]}     server-side apply; {"objects": [applied...]}
 //	{"cmd": "list", "apiVersion", "kind", "namespace", "fieldSelector"}  {"items": [...]}
 //	{"cmd": "delete", "apiVersion", "kind", "namespace", "name"}
@@ -194,6 +197,8 @@ func (s *kubeletSession) run(ctx context.Context, cmd command) (answer, error) {
 		return s.prepare(ctx, cmd.Pod)
 	case "unprepare":
 		return s.unprepare(ctx, cmd.PodUID)
+	case "podHealth":
+		return s.podHealth(cmd.Pod)
 	}
 	return nil, fmt.Errorf("unknown command %q", cmd.Cmd)
 }
@@ -289,6 +294,24 @@ func (s *kubeletSession) unprepare(ctx context.Context, uid string) (answer, err
 	delete(s.pods, uid)
 	s.mu.Unlock()
 	return answer{}, nil
+}
+
+// podHealth is the part of a pod's status the DRA manager fills at each status sync: per container, the
+// health of the devices of each claim it uses.
+func (s *kubeletSession) podHealth(pod *v1.Pod) (answer, error) {
+	if pod == nil || pod.UID == "" {
+		return nil, errors.New("podHealth needs a pod with metadata.uid")
+	}
+	status := &v1.PodStatus{}
+	for _, container := range pod.Spec.Containers {
+		status.ContainerStatuses = append(status.ContainerStatuses, v1.ContainerStatus{Name: container.Name})
+	}
+	s.current.manager.UpdateAllocatedResourcesStatus(s.logger, pod, status)
+	containers := map[string][]v1.ResourceStatus{}
+	for _, container := range status.ContainerStatuses {
+		containers[container.Name] = append([]v1.ResourceStatus{}, container.AllocatedResourcesStatus...)
+	}
+	return answer{"containers": containers}, nil
 }
 
 // -- API calls the tests need, with the kubelet's (administrator's) credentials -----------------------

@@ -1,4 +1,5 @@
-"""Counts the kubelet's open ListAndWatch streams, bounds them, and notices when the kubelet drops one."""
+"""Counts open gRPC server streams (the kubelet's ListAndWatch streams, worker-dra's health streams), bounds them, and
+notices when the kubelet drops one."""
 
 from __future__ import annotations
 

@@ -1,0 +1,361 @@
+"""worker-dra's ResourceSlice publisher at fleet scale, beside Kubernetes' own, on a real kube-apiserver.
+
+    python bench/dra_fleet.py [--quick] [--nodes 1 100 1000] [--rest SECONDS] [--harness PATH]
+
+The API server is the DRA harness's (tests/dra/harness: kube-apiserver and etcd of the pinned k8s.io/kubernetes
+release, in one process on loopback; built here unless --harness names the binary). For each fleet size N, two
+publishers of the same N nodes, one after the other, each in a process of its own:
+
+- `python`: N instances of worker-dra's own publisher (dra_worker.publisher.SlicePublisher with its own
+  dra_worker.kube.KubeApi client each: one connection per node), in one Python process;
+- `go`: N instances of Kubernetes' `k8s.io/dynamic-resource-allocation/resourceslice` controller of the same
+  release (`dra-harness publishers`), a client each, in one Go process.
+
+Every node publishes one pool of the same 8 NPUs (the devices worker-dra publishes for an 8-NPU node). Phases,
+each a row: `start` (until every node's slices are right), `rest` (nothing changes; 5 minutes, `--quick` 1),
+`change` (every node's inventory changes at once: one NPU turns Unhealthy; until every node's slices are right),
+`restart` (the API server restarts gracefully on the same port and data; from the moment it is ready until
+every node's watch is back and its slices are right, then 10 s more). Per row: requests on `resourceslices` by
+verb (the API server's own `apiserver_request_total`, which counts a watch when it ends: an open watch is not in
+it; its counters start again at a restart; the benchmark's own LISTs that check the slices are left out),
+requests per node-hour beyond the watch, the API server's CPU seconds (etcd's included: one process) and the
+seconds until right.
+The publishers' own process: CPU seconds and RSS at the end of the run. Goals: no row worse than the Go
+controller's, and at rest <= 1 request per node-hour beyond the watch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from bench import common
+from shared.config import DRA_DRIVER
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "tests" / "dra" / "harness"
+REST_SECONDS, QUICK_REST_SECONDS = 300.0, 60.0
+NODES, QUICK_NODES = (1, 100, 1000), (1, 100)
+SETTLE_SECONDS = 10.0
+CONVERGE_TIMEOUT = 600.0
+POLL = 0.5
+FAULTY = "rbln3"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+# -- the inventories both publishers publish ----------------------------------------------------------------
+
+def inventories() -> tuple[Any, Any]:
+    """worker-dra's view of an 8-NPU node, before and after one NPU turns Unhealthy."""
+    from dra_worker.inventory import InventoryState
+    from scanner.discovery import scan
+    from shared import ipc
+    from shared.rbln_smi import RblnSmi
+    from simulator.spec import NodeSpec
+
+    found = []
+    with common.temporary_node(NodeSpec.uniform(num_pfs=8, numa_nodes=2, switches=4)) as node:
+        for status in (0, 4):
+            node.set_status(FAULTY, status)
+            state = InventoryState()
+            result = scan(RblnSmi(node.rbln_smi), node.sysfs_root)
+            for resource, devices in result.inventories.items():
+                state.on_inventory(ipc.InventoryMessage(resource, "e", 1, 0, devices, None, True,
+                                                        result.driver_version))
+            found.append(state.current())
+    return found[0], found[1]
+
+
+def device_lists() -> tuple[list[dict], list[dict]]:
+    from dra_worker import slices
+
+    before, after = inventories()
+    return slices.published_devices(before), slices.published_devices(after)
+
+
+# -- the Python side: worker-dra's publishers, in a process of their own ------------------------------------
+
+def serve_python(kubeconfig: str) -> None:
+    """`--serve-python`: worker-dra's publishers driven over stdin as `dra-harness publishers` is."""
+    from loguru import logger
+
+    from dra_worker.kube import KubeApi
+    from dra_worker.publisher import SlicePublisher
+
+    logger.remove()
+    before, after = inventories()
+    current = [before]
+    restarts: list[int] = []
+    publishers: list[SlicePublisher] = []
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "start":
+            for node in command["nodes"]:
+                publisher = SlicePublisher(KubeApi(pathlib.Path(kubeconfig)), node["name"], lambda: current[0],
+                                           on_watch_restart=lambda: restarts.append(1))
+                publisher.start()
+                publisher.wake()
+                publishers.append(publisher)
+            answer: dict[str, Any] = {}
+        elif command["cmd"] == "update":
+            current[0] = after
+            for publisher in publishers:
+                publisher.wake()
+            answer = {}
+        elif command["cmd"] == "stats":
+            answer = {"watchRestarts": len(restarts)}
+        else:
+            answer = {}
+        print(json.dumps({"ok": True, **answer}), flush=True)
+        if command["cmd"] == "stop":
+            os._exit(0)  # the watchers block in their streams: end them with the process
+
+
+class Publishers:
+    """One side's process, driven with JSON lines."""
+
+    def __init__(self, argv: list[str], log: pathlib.Path):
+        self._log = open(log, "w")  # noqa: SIM115 (closed in stop)
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                      text=True, bufsize=1)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def request(self, **command: Any) -> dict[str, Any]:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(command) + "\n")
+        answer = json.loads(self._proc.stdout.readline() or '{"ok": false, "error": "the process ended"}')
+        if not answer.pop("ok"):
+            raise RuntimeError(f"{command['cmd']}: {answer.get('error')}")
+        return answer
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.request(cmd="stop")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(30)
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+
+
+# -- the API server's side ----------------------------------------------------------------------------------
+
+class Fleet:
+    """The API server as the benchmark sees it: its counters, its CPU, the slices of a set of nodes."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.client = server.client()
+        self.own_lists = 0  # the benchmark's own LISTs of slices since the API server (re)started
+
+    def reconnect(self) -> None:
+        self.client.close()
+        self.client = self.server.client()
+        self.own_lists = 0
+
+    def create_nodes(self, names: list[str]) -> list[dict[str, str]]:
+        nodes = []
+        for name in names:
+            answer = self.client.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node",
+                                                             "metadata": {"name": name}})
+            answer.raise_for_status()
+            nodes.append({"name": name, "uid": answer.json()["metadata"]["uid"]})
+        return nodes
+
+    def slices_right(self, nodes: list[str], devices: list[dict]) -> bool:
+        """Whether every node has exactly one slice of the driver, listing exactly `devices`."""
+        answer = self.client.get(SLICES, params={"fieldSelector": f"spec.driver={DRA_DRIVER}"})
+        self.own_lists += 1
+        answer.raise_for_status()
+        by_node: dict[str, list[set[str]]] = {}
+        for item in answer.json()["items"]:
+            by_node.setdefault(item["spec"]["nodeName"], []).append({d["name"] for d in item["spec"]["devices"]})
+        wanted = {d["name"] for d in devices}
+        return all(by_node.get(node) == [wanted] for node in nodes)
+
+    def watches(self) -> float:
+        """Open watches on resourceslices (the API server's apiserver_longrunning_requests)."""
+        total = 0.0
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith("apiserver_longrunning_requests{") and 'resource="resourceslices"' in line \
+                    and 'verb="WATCH"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def counts(self) -> dict[str, float]:
+        counts = self.server.request_counts("resourceslices")
+        counts["LIST"] = counts.get("LIST", 0.0) - self.own_lists
+        return counts
+
+    def cpu(self) -> float:
+        return common.own_cpu_seconds(self.server.pid)
+
+    def delete_slices(self) -> None:
+        self.client.delete(SLICES, params={"fieldSelector": f"spec.driver={DRA_DRIVER}"}).raise_for_status()
+
+
+def _await(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"not within {timeout:g}s: {what}")
+        time.sleep(POLL)
+    return time.monotonic() - started
+
+
+@contextlib.contextmanager
+def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
+    """Requests by verb and the API server's CPU over the block, into `row`."""
+    counts, cpu, started = fleet.counts(), fleet.cpu(), time.monotonic()
+    yield
+    seconds = time.monotonic() - started
+    after = fleet.counts()
+    by_verb = {verb: int(after.get(verb, 0) - counts.get(verb, 0)) for verb in sorted({*after, *counts})}
+    row["requests"] = {verb: n for verb, n in by_verb.items() if n}
+    beyond = sum(n for verb, n in by_verb.items() if verb != "WATCH")
+    row["per_node_hour_beyond_watch"] = round(beyond / nodes / (seconds / 3600), 2)
+    row["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
+    row["window_s"] = round(seconds, 1)
+
+
+def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: float,
+             devices: tuple[list[dict], list[dict]]) -> list[dict]:
+    names = [f"{side}-{count}-{index:04d}" for index in range(count)]
+    nodes = fleet.create_nodes(names)
+    rows: list[dict[str, Any]] = []
+
+    def row(phase: str) -> dict[str, Any]:
+        rows.append({"benchmark": f"dra_fleet/{side}/{count}/{phase}", "side": side, "nodes": count,
+                     "phase": phase})
+        return rows[-1]
+
+    with measured(fleet, start := row("start"), count):
+        started = time.monotonic()
+        publishers.request(cmd="start", driver=DRA_DRIVER, nodes=nodes, devices=devices[0])
+        start["until_right_s"] = round(time.monotonic() - started + _await(
+            lambda: fleet.slices_right(names, devices[0]), CONVERGE_TIMEOUT, "every node published"), 2)
+    with measured(fleet, row("rest"), count):
+        time.sleep(rest)  # the quiet being measured
+    with measured(fleet, change := row("change"), count):
+        started = time.monotonic()
+        publishers.request(cmd="update", devices=devices[1])
+        change["until_right_s"] = round(time.monotonic() - started + _await(
+            lambda: fleet.slices_right(names, devices[1]), CONVERGE_TIMEOUT, "every node changed"), 2)
+    restart = row("restart")
+    fleet.server.restart()  # graceful: kube-apiserver's own shutdown, then the same port and data again
+    fleet.reconnect()
+    cpu = fleet.cpu()  # the new process's, from the moment it is ready; its request counters start at zero
+    restart["until_right_s"] = round(_await(
+        lambda: fleet.watches() >= count and fleet.slices_right(names, devices[1]), CONVERGE_TIMEOUT,
+        "every node's watch back"), 2)
+    time.sleep(SETTLE_SECONDS)  # what the fleet still does once it is back is part of the restart's cost
+    restart["requests"] = {verb: int(n) for verb, n in sorted(fleet.counts().items()) if int(n)}
+    restart["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
+    with contextlib.suppress(Exception):
+        restart.update(publishers.request(cmd="stats"))
+    memory = common.memory(publishers.pid)
+    rows.append({"benchmark": f"dra_fleet/{side}/{count}/publishers", "side": side, "nodes": count,
+                 "phase": "publishers", "cpu_s": round(common.own_cpu_seconds(publishers.pid), 2),
+                 "rss_mib": round(memory.rss_kb / 1024, 1)})
+    return rows
+
+
+def build_harness(directory: pathlib.Path) -> pathlib.Path:
+    binary = directory / "dra-harness"
+    subprocess.run(["nice", "-n", "10", "go", "build", "-buildvcs=false", "-ldflags=-s -w", "-o", str(binary), "."],
+                   cwd=HARNESS, check=True)
+    return binary
+
+
+def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = None,
+        harness: pathlib.Path | None = None) -> list[dict]:
+    from tests.dra.dra_harness import ApiServer
+
+    nodes = nodes or (QUICK_NODES if quick else NODES)
+    rest = rest if rest is not None else (QUICK_REST_SECONDS if quick else REST_SECONDS)
+    devices = device_lists()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rbln-bench-fleet-") as work:
+        work_dir = pathlib.Path(work)
+        binary = harness or build_harness(work_dir)
+        server = ApiServer(binary, work_dir / "api", "kube-system/rbln-device-plugin").start()
+        fleet = Fleet(server)
+        try:
+            for count in nodes:
+                for side in ("go", "python"):
+                    argv = ([str(binary), "publishers", f"-kubeconfig={server.admin_kubeconfig}"] if side == "go"
+                            else [sys.executable, str(pathlib.Path(__file__).resolve()), "--serve-python",
+                                  server.admin_kubeconfig])
+                    publishers = Publishers(argv, work_dir / f"{side}-{count}.log")
+                    try:
+                        rows += run_side(side, fleet, publishers, count, rest, devices)
+                    finally:
+                        publishers.stop()
+                        fleet.delete_slices()
+                    print(json.dumps(rows[-5:]), file=sys.stderr, flush=True)
+        finally:
+            fleet.client.close()
+            server.close()
+    return rows + goal_rows(rows)
+
+
+def goal_rows(rows: list[dict]) -> list[dict]:
+    """Per fleet size: python's rows against go's (requests beyond the watch, API server CPU, time until
+    right), and the at-rest request rate."""
+    verdicts = []
+    for count in sorted({r["nodes"] for r in rows}):
+        for phase in ("start", "rest", "change", "restart"):
+            mine = next(r for r in rows if r["nodes"] == count and r["side"] == "python" and r["phase"] == phase)
+            theirs = next(r for r in rows if r["nodes"] == count and r["side"] == "go" and r["phase"] == phase)
+
+            def beyond(row: dict) -> int:
+                return sum(n for verb, n in row["requests"].items() if verb != "WATCH")
+
+            worse = [name for name, a, b in (
+                ("requests", beyond(mine), beyond(theirs)),
+                ("apiserver_cpu_s", mine["apiserver_cpu_s"], theirs["apiserver_cpu_s"] * 1.2 + 0.5),
+                ("until_right_s", mine.get("until_right_s", 0), theirs.get("until_right_s", 0) + 1.0)) if a > b]
+            verdict = {"benchmark": f"dra_fleet/{count}/{phase}", "goal": "no worse than the Go controller",
+                       "met": not worse, "worse": worse}
+            if phase == "rest":
+                verdict["goal"] += "; <= 1 request per node-hour beyond the watch"
+                verdict["met"] = verdict["met"] and mine["per_node_hour_beyond_watch"] <= 1
+            verdicts.append(verdict)
+    return verdicts
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-python":
+        serve_python(sys.argv[2])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"fleets of {QUICK_NODES} nodes, {QUICK_REST_SECONDS:g} s at rest")
+    parser.add_argument("--nodes", type=int, nargs="+", help=f"fleet sizes (default {NODES})")
+    parser.add_argument("--rest", type=float, help=f"seconds at rest (default {REST_SECONDS:g})")
+    parser.add_argument("--harness", type=pathlib.Path, help="a built dra-harness binary")
+    args = parser.parse_args()
+    for row in run(args.quick, tuple(args.nodes) if args.nodes else None, args.rest, args.harness):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    threading.stack_size(256 * 1024)  # thousands of publisher threads: their stacks need not be 8 MiB each
+    main()
