@@ -9,13 +9,25 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shared.device_status import KernelStatus
 from tests.cluster.cluster import NODE
-from tests.cluster.scenarios import CDI_ROOT, TOOLKIT_SPEC_FILE, WORKLOAD_NAMESPACE, devices_seen, run_pod, workload_pod
+from tests.cluster.scenarios import (
+    CDI_ROOT,
+    TOOLKIT_SPEC_FILE,
+    WORKLOAD_NAMESPACE,
+    devices_seen,
+    run_pod,
+    workload_pod,
+)
 from tests.dra.dra_harness import DRIVER, RESOURCE_V1, exactly
 from tests.support.waiting import wait_until
 
 MODE = "dra"
 MODE_VALUES = ("--set", "resourceApi=dra")
+UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+# Where the kubelet mounts the pod's projected service account token.
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+OTHER_NODE = "another-node"
 CLASSES = {"npu.rebellions.ai", "npu-vf1.rebellions.ai", "npu-vf4.rebellions.ai"}
 
 
@@ -106,6 +118,93 @@ def test_the_extended_resource_name_is_served_through_the_device_class(release, 
     devices = devices_seen(session, "dra-extended")
     assert len({d for d in devices if d.startswith("rbln")}) == 1, devices
     _delete_and_wait_unprepared(session, "dra-extended")
+
+
+def _taints(session, device: str) -> list[dict[str, Any]]:
+    return _published(session).get(device, {}).get("taints", [])
+
+
+def _set_status(session, device: str, status: KernelStatus) -> None:
+    """The device's driver status on the simulated node (a slice's device is named as the node's)."""
+    session.node.set_status(device, int(status))
+
+
+def _allocated_device(session, pod_name: str) -> str:
+    (result,) = _claim_of(session, pod_name)["status"]["allocation"]["devices"]["results"]
+    return result["device"]
+
+
+def test_a_tainted_device_is_not_allocated_and_recovery_removes_the_taint(release, session):
+    npus = sorted(name for name, d in _published(session).items() if d["attributes"]["type"]["string"] == "npu")
+    faulty, healthy = npus  # the first in slice order, which the scheduler would take untainted
+    start = time.monotonic()
+    _set_status(session, faulty, KernelStatus.FAULT)
+    (taint,) = wait_until(lambda: _taints(session, faulty), 60, f"{faulty} tainted in the slice", poll=0.2)
+    session.stopwatch.since("FAULT -> device tainted in the slice (dra)", start)
+    assert (taint["key"], taint["value"], taint["effect"]) == (UNHEALTHY_TAINT, "FAULT", "NoSchedule"), taint
+    assert not _taints(session, healthy)
+    run_pod(session, MODE, workload_pod("dra-untainted", claims={"npu": "one-npu"}))
+    assert _allocated_device(session, "dra-untainted") == healthy
+    start = time.monotonic()
+    _set_status(session, faulty, KernelStatus.READY)
+    wait_until(lambda: faulty in _published(session) and not _taints(session, faulty), 60,
+               f"{faulty}'s taint removed after recovery", poll=0.2)
+    session.stopwatch.since("recovery -> taint removed from the slice (dra)", start)
+    _delete_and_wait_unprepared(session, "dra-untainted")
+
+
+def _device_health(session, pod_name: str, claim: str) -> str | None:
+    """The health the kubelet reports in the pod's status for the claim's one device."""
+    pod = session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, pod_name)
+    for container in pod["status"].get("containerStatuses", []):
+        for status in container.get("allocatedResourcesStatus", []):
+            if status["name"] == f"claim:{claim}":
+                (resource,) = status["resources"]
+                return resource["health"]
+    return None
+
+
+def test_device_health_in_the_pods_status(release, session):
+    run_pod(session, MODE, workload_pod("dra-health", claims={"npu": "one-npu"}))
+    device = _allocated_device(session, "dra-health")
+    wait_until(lambda: _device_health(session, "dra-health", "npu") == "Healthy", 60,
+               "the pod's status: its device Healthy", poll=0.2)
+    start = time.monotonic()
+    _set_status(session, device, KernelStatus.FAULT)
+    wait_until(lambda: _device_health(session, "dra-health", "npu") == "Unhealthy", 60,
+               "the pod's status: its device Unhealthy after the FAULT", poll=0.2)
+    session.stopwatch.since("FAULT -> pod status Unhealthy (dra)", start)
+    start = time.monotonic()
+    _set_status(session, device, KernelStatus.READY)
+    wait_until(lambda: _device_health(session, "dra-health", "npu") == "Healthy", 60,
+               "the pod's status: its device Healthy after recovery", poll=0.2)
+    session.stopwatch.since("recovery -> pod status Healthy (dra)", start)
+    wait_until(lambda: not _taints(session, device), 60, f"{device}'s taint removed", poll=0.2)
+    _delete_and_wait_unprepared(session, "dra-health")
+
+
+def _slice_of(node_name: str) -> dict[str, Any]:
+    return {"apiVersion": RESOURCE_V1, "kind": "ResourceSlice", "metadata": {"generateName": f"{node_name}-test-"},
+            "spec": {"driver": DRIVER, "nodeName": node_name, "devices": [],
+                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1}}}
+
+
+def test_the_plugins_pod_bound_token_writes_no_other_nodes_slice(release, session):
+    pod = release.ready_pod()["metadata"]["name"]
+    token = release.exec(pod, "cat", TOKEN_FILE).strip()
+
+    def create(node_name: str, *flags: str):
+        return session.cluster.kubectl("--token", token, "create", *flags, "-o", "name", "-f", "-",
+                                       input=json.dumps(_slice_of(node_name)), check=False)
+    # The same token, the same request, its own node: admitted (a server-side dry run passes admission).
+    own = create(NODE, "--dry-run=server")
+    assert own.returncode == 0, own.stderr
+    other = create(OTHER_NODE)
+    if other.returncode == 0:
+        session.cluster.kubectl("delete", other.stdout.strip())
+    assert other.returncode != 0, f"a slice of {OTHER_NODE} created with {NODE}'s plugin token: {other.stdout}"
+    assert f"the DRA plugin of node {NODE} may write only ResourceSlices of its own node" in other.stderr, \
+        other.stderr
 
 
 def test_helm_uninstall_stops_the_stack(release, session):
