@@ -21,6 +21,8 @@ from tests.cluster.scenarios import (
     WORKLOAD_NAMESPACE,
     devices_seen,
     run_pod,
+    unschedulable_message,
+    wait_running,
     workload_pod,
 )
 from tests.dra.dra_harness import DRIVER, RESOURCE_V1, exactly
@@ -143,23 +145,32 @@ def _allocated_device(session, pod_name: str) -> str:
     return result["device"]
 
 
-def test_a_tainted_device_is_not_allocated_and_recovery_removes_the_taint(release, session):
-    npus = sorted(name for name, d in _published(session).items() if d["attributes"]["type"]["string"] == "npu")
-    faulty, healthy = npus  # the first in slice order, which the scheduler would take untainted
+def test_tainted_devices_are_not_allocated_and_recovery_removes_the_taint(release, session):
+    first, second = sorted(name for name, d in _published(session).items()
+                           if d["attributes"]["type"]["string"] == "npu")  # slice order: allocation priority
     start = time.monotonic()
-    _set_status(session, faulty, KernelStatus.FAULT)
-    (taint,) = wait_until(lambda: _taints(session, faulty), 60, f"{faulty} tainted in the slice", poll=0.2)
+    for device in (first, second):
+        _set_status(session, device, KernelStatus.FAULT)
+    taints = wait_until(lambda: all(_taints(session, d) for d in (first, second))
+                        and {d: _taints(session, d) for d in (first, second)}, 60, "both NPUs tainted", poll=0.2)
     session.stopwatch.since("FAULT -> device tainted in the slice (dra)", start)
-    assert (taint["key"], taint["value"], taint["effect"]) == (UNHEALTHY_TAINT, "FAULT", "NoSchedule"), taint
-    assert not _taints(session, healthy)
-    run_pod(session, MODE, workload_pod("dra-untainted", claims={"npu": "one-npu"}))
-    assert _allocated_device(session, "dra-untainted") == healthy
+    for (taint,) in taints.values():
+        assert (taint["key"], taint["value"], taint["effect"]) == (UNHEALTHY_TAINT, "FAULT", "NoSchedule"), taint
+    session.cluster.apply(workload_pod("dra-tainted", claims={"npu": "one-npu"}))
+    wait_until(lambda: unschedulable_message(session, "dra-tainted"), 60,
+               "the claim's pod Unschedulable while every NPU is tainted", poll=0.2)
     start = time.monotonic()
-    _set_status(session, faulty, KernelStatus.READY)
-    wait_until(lambda: faulty in _published(session) and not _taints(session, faulty), 60,
-               f"{faulty}'s taint removed after recovery", poll=0.2)
+    _set_status(session, second, KernelStatus.READY)
+    wait_running(session, "dra-tainted")
+    session.stopwatch.since("one NPU recovered -> the Pending claim's pod Running (dra)", start)
+    assert _allocated_device(session, "dra-tainted") == second  # not the first, still tainted
+    assert _taints(session, first)
+    start = time.monotonic()
+    _set_status(session, first, KernelStatus.READY)
+    wait_until(lambda: first in _published(session) and not _taints(session, first), 60,
+               f"{first}'s taint removed after recovery", poll=0.2)
     session.stopwatch.since("recovery -> taint removed from the slice (dra)", start)
-    _delete_and_wait_unprepared(session, "dra-untainted")
+    _delete_and_wait_unprepared(session, "dra-tainted")
 
 
 def _device_health(session, pod_name: str, claim: str) -> str | None:
