@@ -282,6 +282,8 @@ def test_a_surge_upgrade_with_claims_flowing(release, session):
         release.upgrade_install(new_tag)
         new = release.ready_pod(other_than=old["name"])
         session.stopwatch.since("helm upgrade -> new pod Ready (dra surge)", start)
+        # A surge: the old pod is stopped only once the new one is Ready.
+        surged = old["uid"] in {p["metadata"]["uid"] for p in release.pods()}
         wait_until(lambda: not [p for p in release.pods() if p["metadata"]["uid"] == old["uid"]], READY_TIMEOUT,
                    "the old pod gone", poll=0.2)
         end = time.monotonic()
@@ -297,6 +299,7 @@ def test_a_surge_upgrade_with_claims_flowing(release, session):
         assert flow.failure is None, flow.failure
     during = sum(1 for flow in flows for created in flow.created if start <= created <= end)
     assert during, "no claim pod was created while the upgrade ran"
+    assert surged, "the old pod was gone before the new one was Ready"
     assert new["spec"]["containers"][0]["image"].endswith(f":{new_tag}")
     failed = [f"{e['involvedObject']['name']}: {e['message']}" for e in session.cluster.get(
         "events", "-n", WORKLOAD_NAMESPACE)["items"] if e["reason"] == "FailedPrepareDynamicResources"]
