@@ -140,10 +140,16 @@ def workload_pod(name: str, requests: Mapping[str, int] | None = None,
 
 def run_pod(session: Session, mode: str, pod: Mapping[str, Any]) -> dict[str, Any]:
     """Create the pod and wait until it runs; the time from create to Running is recorded for the mode."""
-    cluster = session.cluster
     start = time.monotonic()
-    cluster.apply(pod)
-    name = pod["metadata"]["name"]
+    session.cluster.apply(pod)
+    running_pod = wait_running(session, pod["metadata"]["name"])
+    session.stopwatch.since(f"pod create -> Running ({mode})", start)
+    return running_pod
+
+
+def wait_running(session: Session, name: str) -> dict[str, Any]:
+    """The workload pod once its container runs; its events and status in the error if it does not."""
+    cluster = session.cluster
 
     def running() -> dict[str, Any] | None:
         """The pod once its container runs (the phase is Running while a container fails to start)."""
@@ -151,13 +157,20 @@ def run_pod(session: Session, mode: str, pod: Mapping[str, Any]) -> dict[str, An
         statuses = current["status"].get("containerStatuses", [])
         return current if statuses and all("running" in s["state"] for s in statuses) else None
     try:
-        running_pod = wait_until(running, READY_TIMEOUT, f"pod {name} Running", poll=0.1)
+        return wait_until(running, READY_TIMEOUT, f"pod {name} Running", poll=0.1)
     except TimeoutError:
         events = [f"{e['reason']}: {e['message']}" for e in cluster.events(WORKLOAD_NAMESPACE, name)]
         status = cluster.get("pod", "-n", WORKLOAD_NAMESPACE, name)["status"]
         raise AssertionError(f"pod {name} not Running; events: {events}; status: {status}") from None
-    session.stopwatch.since(f"pod create -> Running ({mode})", start)
-    return running_pod
+
+
+def unschedulable_message(session: Session, name: str) -> str | None:
+    """The scheduler's message once it has found no place for the workload pod."""
+    pod = session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, name)
+    for condition in pod["status"].get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return condition["message"]
+    return None
 
 
 def devices_seen(session: Session, pod_name: str) -> set[str]:

@@ -15,6 +15,7 @@ from tests.cluster.scenarios import (
     devices_seen,
     run_pod,
     start_to_ready,
+    unschedulable_message,
     workload_pod,
 )
 from tests.support.waiting import wait_until
@@ -62,14 +63,7 @@ def test_pods_placed_by_the_scheduler_see_rsd0_and_exactly_their_devices(release
 
 def test_a_pod_that_does_not_fit_stays_pending_with_the_schedulers_reason(release, session):
     session.cluster.apply(workload_pod("npu-c", requests={NPU: 1}))
-
-    def unschedulable() -> str | None:
-        pod = session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, "npu-c")
-        for condition in pod["status"].get("conditions", []):
-            if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                return condition["message"]
-        return None
-    message = wait_until(unschedulable, 60, "npu-c Unschedulable")
+    message = wait_until(lambda: unschedulable_message(session, "npu-c"), 60, "npu-c Unschedulable")
     assert f"Insufficient {NPU}" in message
     assert session.cluster.get("pod", "-n", WORKLOAD_NAMESPACE, "npu-c")["status"]["phase"] == "Pending"
     session.cluster.kubectl("delete", "pod", "-n", WORKLOAD_NAMESPACE, "npu-c", "--wait=false")
