@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shared.device_status import KernelStatus
+from shared.node.driver_status import KernelStatus
 from tests.cluster.cluster import NODE
 from tests.cluster.scenarios import (
     CDI_ROOT,
