@@ -18,6 +18,13 @@ instance on the node takes (two run during a surge upgrade): nothing is decided 
 takes the lock twice: first to answer the claims prepared already (they cost no API read), then, after the
 other claims were read from the API server (a slow server holds up no other call), to prepare those.
 
+A device held by a claim the API server no longer has is not refused: the scheduler may hand a deleted pod's
+device to a new claim before the kubelet unprepares the old one. Only then, a claim refused for a held device
+costs one more read, outside the lock: the holder's. If it is gone, replaced (another UID) or no longer
+allocated the devices it holds here, it is stale (that never reverses) and, under the lock a third time, it is
+unprepared as its own Unprepare would (which then finds it done) and the refused claims are prepared again. A
+holder that is still allocated, that cannot be read, or a rebuilt one whose name is unknown, refuses as before.
+
 The checkpoint outlives a reboot (it is on disk), the RSD groups and CDI_ROOT (a tmpfs) do not: a recorded
 claim whose spec is gone is prepared again, and its recorded group, whose number a new group may have taken
 since, is not destroyed.
@@ -35,7 +42,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from dra_worker import cdi
-from dra_worker.allocation import AllocatedDevice, ClaimRef, PrepareError, allocated_devices, is_admin
+from dra_worker.allocation import AllocatedDevice, ClaimRef, PrepareError, allocated_devices, is_admin, still_holds
 from dra_worker.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from dra_worker.inventory import NodeInventory, ServedDevice
 from dra_worker.kube import ApiFailure
@@ -85,12 +92,20 @@ class PrepareSettings:
     clock: Callable[[], float] = time.monotonic
 
 
+class DeviceHeld(Exception):
+    """A claim's device prepared for other claims; `holders` are all the claim's devices' holders, by UID."""
+
+    def __init__(self, device: str, holders: dict[str, PreparedClaim]):
+        super().__init__(f"device {device} is already prepared for claim {next(iter(holders))}")
+        self.holders = holders
+
+
 def _answer(entry: PreparedClaim) -> ClaimResult:
     return ClaimResult(entry.devices, rsd_group=entry.rsd_group)
 
 
 def _claim_error(ref: ClaimRef, exc: Exception) -> ClaimResult:
-    message = str(exc) if isinstance(exc, PrepareError) else f"{type(exc).__name__}: {exc}"
+    message = str(exc) if isinstance(exc, (PrepareError, DeviceHeld)) else f"{type(exc).__name__}: {exc}"
     return ClaimResult(error=f"claim {ref.namespace}/{ref.name}: {message}")
 
 
@@ -108,26 +123,33 @@ class Preparer:
         for ref in claims:
             refs.setdefault(ref.uid, ref)
         results: dict[str, ClaimResult] = {}
+        reads_end = self._settings.clock() + CLAIM_READ_TIMEOUT
         try:
             with self._settings.checkpoint.locked() as prepared:
                 for uid in refs:
                     if uid in prepared and self._answerable(uid, prepared[uid]):
                         results[uid] = _answer(prepared[uid])
-            allocations = self._read_allocations([ref for uid, ref in refs.items() if uid not in results], results)
+            allocations = self._read_allocations([ref for uid, ref in refs.items() if uid not in results], results,
+                                                 reads_end)
             with self._settings.checkpoint.locked() as prepared:
-                for ref, devices in allocations:
-                    results[ref.uid] = self._prepare_claim(ref, devices, prepared)
+                refused = self._prepare_claims(allocations, prepared, results)
+            stale = self._stale_holders(refused, reads_end)
+            if stale:
+                with self._settings.checkpoint.locked() as prepared:
+                    for uid, holder in stale.items():
+                        self._unprepare_stale(uid, holder, prepared)
+                    self._prepare_claims([(ref, devices) for ref, devices in allocations if ref.uid in refused],
+                                         prepared, results)
         except CheckpointError as exc:
             for uid in refs:
                 results.setdefault(uid, ClaimResult(error=str(exc)))
         return results
 
-    def _read_allocations(self, refs: Sequence[ClaimRef], results: dict[str, ClaimResult]
+    def _read_allocations(self, refs: Sequence[ClaimRef], results: dict[str, ClaimResult], reads_end: float
                           ) -> list[tuple[ClaimRef, dict[str, AllocatedDevice]]]:
-        """Each claim's devices from the API server, all reads within CLAIM_READ_TIMEOUT; a claim that cannot
-        be read, or is not allocated here, gets its error in `results`."""
+        """Each claim's devices from the API server, all reads by `reads_end`; a claim that cannot be read, or is
+        not allocated here, gets its error in `results`."""
         allocations = []
-        reads_end = self._settings.clock() + CLAIM_READ_TIMEOUT
         for ref in refs:
             remaining = reads_end - self._settings.clock()
             if remaining <= 0:
@@ -144,9 +166,59 @@ class Preparer:
                                                      f"{type(exc).__name__}: {exc}")
         return allocations
 
+    def _prepare_claims(self, allocations: Sequence[tuple[ClaimRef, dict[str, AllocatedDevice]]],
+                        prepared: dict[str, PreparedClaim], results: dict[str, ClaimResult]) -> dict[str, DeviceHeld]:
+        """Prepare each claim into `results`; called with the checkpoint locked. The claims refused because another
+        claim holds a device, by UID."""
+        refused = {}
+        for ref, devices in allocations:
+            try:
+                results[ref.uid] = self._prepare_claim(ref, devices, prepared)
+            except DeviceHeld as exc:
+                refused[ref.uid] = exc
+                results[ref.uid] = _claim_error(ref, exc)
+        return refused
+
+    def _stale_holders(self, refused: dict[str, DeviceHeld], reads_end: float) -> dict[str, PreparedClaim]:
+        """The holders of refused claims' devices that the API server says are stale, one read each; none that
+        cannot be told (no name, the API server unreachable or out of the request's time)."""
+        holders = {uid: holder for held in refused.values() for uid, holder in held.holders.items() if holder.name}
+        stale = {}
+        for uid, holder in holders.items():
+            remaining = reads_end - self._settings.clock()
+            if remaining <= 0:
+                break
+            try:
+                claim = self._settings.api.get_claim(holder.namespace, holder.name, remaining)
+                alive = still_holds(claim, ClaimRef(holder.namespace, uid, holder.name), self._settings.pool,
+                                    {d.device for d in holder.devices})
+            except ApiFailure as exc:
+                alive = exc.status != 404
+            except (AttributeError, TypeError, ValueError):  # a claim not shaped as the API's: not known stale
+                alive = True
+            if not alive:
+                stale[uid] = holder
+        return stale
+
+    def _unprepare_stale(self, uid: str, holder: PreparedClaim, prepared: dict[str, PreparedClaim]) -> None:
+        """Unprepare a stale holder unless another call changed it since it was read; called with the checkpoint
+        locked."""
+        if prepared.get(uid) != holder:
+            return
+        claim = f"{holder.namespace}/{holder.name}"
+        devices = [d.device for d in holder.devices]
+        error = self._unprepare_claim(ClaimRef(holder.namespace, uid, holder.name), prepared)
+        if error is None:
+            logger.warning("Unprepared a claim the API server no longer has, to prepare its devices for another",
+                           claimUID=uid, claim=claim, deviceIDs=devices)
+        else:
+            logger.error("Cannot unprepare a claim the API server no longer has", claimUID=uid, claim=claim,
+                         deviceIDs=devices, err=error)
+
     def _prepare_claim(self, ref: ClaimRef, devices: dict[str, AllocatedDevice],
                        prepared: dict[str, PreparedClaim]) -> ClaimResult:
-        """Prepare one claim and record it in `prepared` and on disk; called with the checkpoint locked."""
+        """Prepare one claim and record it in `prepared` and on disk; called with the checkpoint locked. DeviceHeld
+        if another claim holds one of its devices."""
         recorded = prepared.get(ref.uid)
         try:
             if recorded is not None and self._answerable(ref.uid, recorded):  # another instance prepared it meanwhile
@@ -207,11 +279,13 @@ class Preparer:
     def _check_devices(self, devices: dict[str, AllocatedDevice], others: dict[str, PreparedClaim]
                        ) -> list[ServedDevice]:
         """The inventory's entries of `devices`; PrepareError unless each is known, and (but for admin access)
-        prepared for none of the `others` and Healthy now, or tolerating its taint."""
+        Healthy now, or tolerating its taint; DeviceHeld if one is prepared for any of the `others`."""
         inventory = self._settings.inventory()
         if not inventory.complete:
             raise PrepareError("the node's inventory has not arrived from the scanner yet (just started); retry")
         holders = {d.device: uid for uid, claim in others.items() if not claim.admin_access for d in claim.devices}
+        held = {holders[name]: others[holders[name]] for name, allocated in devices.items()
+                if name in holders and not allocated.admin_access}
         served = []
         for name, allocated in devices.items():
             device = inventory.devices.get(name)
@@ -219,7 +293,7 @@ class Preparer:
                 raise PrepareError(f"device {quoted(name)} is not a device of this node")
             if not allocated.admin_access:
                 if name in holders:
-                    raise PrepareError(f"device {name} is already prepared for claim {holders[name]}")
+                    raise DeviceHeld(name, held)
                 reading = self._settings.read_status(name)
                 healthy = reading.ready if reading.readable else device.health is Health.HEALTHY
                 status = reading.name if reading.readable else device.lifecycle
