@@ -90,6 +90,8 @@ class PrepareSettings:
     node_timeout: float = DEVICE_NODE_TIMEOUT
     """How long a device node may take to appear under dev_root."""
     clock: Callable[[], float] = time.monotonic
+    on_stale_unprepared: Callable[[], None] = lambda: None
+    """Called for each claim the API server no longer had, unprepared for another claim's devices."""
 
 
 class DeviceHeld(Exception):
@@ -209,6 +211,7 @@ class Preparer:
         devices = [d.device for d in holder.devices]
         error = self._unprepare_claim(ClaimRef(holder.namespace, uid, holder.name), prepared)
         if error is None:
+            self._settings.on_stale_unprepared()
             logger.warning("Unprepared a claim the API server no longer has, to prepare its devices for another",
                            claimUID=uid, claim=claim, deviceIDs=devices)
         else:

@@ -31,8 +31,9 @@ def node(tmp_path):
 
 
 def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic,
-              lock_timeout=LOCK_TIMEOUT, rebuilds=None):
+              lock_timeout=LOCK_TIMEOUT, rebuilds=None, stale_unprepared=None):
     rebuilds = [] if rebuilds is None else rebuilds
+    stale_unprepared = [] if stale_unprepared is None else stale_unprepared
     plugin_dir = tmp_path / "plugins" / "npu.rebellions.ai"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     return Preparer(PrepareSettings(
@@ -40,7 +41,8 @@ def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, tim
         checkpoint=Checkpoint(plugin_dir, lambda: rebuild_claims(node.cdi_root, RblnSmi(node.rbln_smi).groups()),
                               on_rebuilt=lambda: rebuilds.append(1), lock_timeout=lock_timeout),
         read_status=lambda device: read_status(node.sysfs_root, device), pool=NODE, cdi_root=node.cdi_root,
-        dev_root=node.dev_root, cdi_annotation=annotation, node_timeout=timeout, clock=clock))
+        dev_root=node.dev_root, cdi_annotation=annotation, node_timeout=timeout, clock=clock,
+        on_stale_unprepared=lambda: stale_unprepared.append(1)))
 
 
 @pytest.fixture
@@ -183,8 +185,11 @@ def _reallocated(store, body):
 
 
 @pytest.mark.parametrize("gone", [_deleted, _replaced, _deallocated, _reallocated])
-def test_a_device_held_by_a_claim_the_api_server_no_longer_has_is_prepared_for_the_new_claim(node, world, logs, gone):
-    store, _state, preparer = world
+def test_a_device_held_by_a_claim_the_api_server_no_longer_has_is_prepared_for_the_new_claim(
+        node, tmp_path, world, logs, gone):
+    store, state, _ = world
+    stale_unprepared: list[int] = []
+    preparer = _preparer(node, tmp_path, store, state, stale_unprepared=stale_unprepared)
     old, new = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln1", "rbln0"]))
     old_group = preparer.prepare([_ref(old)])["uid-1"].rsd_group
     gone(store, old)  # the pod was deleted; the kubelet has not called NodeUnprepareResources yet
@@ -199,6 +204,7 @@ def test_a_device_held_by_a_claim_the_api_server_no_longer_has_is_prepared_for_t
     records = [r for r in logs if r["msg"].startswith("Unprepared a claim the API server no longer has")]
     assert [(r["level"], r["claimUID"], r["claim"], r["deviceIDs"]) for r in records] == [
         ("WARNING", "uid-1", "default/claim-uid-1", ["rbln0"])]
+    assert stale_unprepared == [1]
     # The kubelet's late Unprepare of the old claim finds it done and leaves the new claim's group.
     assert preparer.unprepare([_ref(old)]) == {"uid-1": None}
     assert result.rsd_group in _groups(node) and cdi.spec_path(node.cdi_root, "uid-2").exists()
