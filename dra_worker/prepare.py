@@ -95,10 +95,11 @@ class PrepareSettings:
 
 
 class DeviceHeld(Exception):
-    """A claim's device prepared for other claims; `holders` are all the claim's devices' holders, by UID."""
+    """A claim's device prepared for another claim, `holder`; `holders` are all the claim's devices' holders, by
+    UID (each may be stale)."""
 
-    def __init__(self, device: str, holders: dict[str, PreparedClaim]):
-        super().__init__(f"device {device} is already prepared for claim {next(iter(holders))}")
+    def __init__(self, device: str, holder: str, holders: dict[str, PreparedClaim]):
+        super().__init__(f"device {device} is already prepared for claim {holder}")
         self.holders = holders
 
 
@@ -296,7 +297,7 @@ class Preparer:
                 raise PrepareError(f"device {quoted(name)} is not a device of this node")
             if not allocated.admin_access:
                 if name in holders:
-                    raise DeviceHeld(name, held)
+                    raise DeviceHeld(name, holders[name], held)
                 reading = self._settings.read_status(name)
                 healthy = reading.ready if reading.readable else device.health is Health.HEALTHY
                 status = reading.name if reading.readable else device.lifecycle
