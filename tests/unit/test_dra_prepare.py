@@ -211,6 +211,20 @@ def test_a_device_held_by_a_claim_the_api_server_no_longer_has_is_prepared_for_t
     assert preparer.prepare([_ref(new)])["uid-2"] == result
 
 
+def test_each_holder_of_a_claim_s_devices_is_read_once_and_only_the_stale_ones_are_unprepared(node, world):
+    store, _state, preparer = world
+    gone, kept = store.add(claim("uid-a", ["rbln0"])), store.add(claim("uid-b", ["rbln1"]))
+    preparer.prepare([_ref(gone)])
+    kept_result = preparer.prepare([_ref(kept)])["uid-b"]
+    _deleted(store, gone)
+    reads = store.reads
+    both = store.add(claim("uid-c", ["rbln0", "rbln1"]))
+    assert "rbln1 is already prepared for claim uid-b" in preparer.prepare([_ref(both)])["uid-c"].error
+    assert store.reads == reads + 3, "the claim and each holder once"
+    assert not cdi.spec_path(node.cdi_root, "uid-a").exists() and preparer.prepared_count() == 1
+    assert preparer.prepare([_ref(kept)])["uid-b"] == kept_result
+
+
 def test_a_held_device_is_refused_while_its_holder_cannot_be_read(node, world):
     store, _state, preparer = world
     old, new = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln0"]))
