@@ -73,15 +73,6 @@ def allocated_devices(claim: Json, ref: ClaimRef, pool: str) -> dict[str, Alloca
     return devices
 
 
-def still_holds(claim: Json, ref: ClaimRef, pool: str, devices: set[str]) -> bool:
-    """Whether the API server's `claim` is still the prepared claim `ref` with any of its `devices` allocated here;
-    False when it was replaced (another UID), is no longer allocated, or is allocated other devices."""
-    try:
-        return bool(devices & set(allocated_devices(claim, ref, pool)))
-    except PrepareError:
-        return False
-
-
 def is_admin(devices: dict[str, AllocatedDevice]) -> bool:
     """Whether the claim has admin access (allocated_devices refuses a claim that mixes)."""
     return any(device.admin_access for device in devices.values())

@@ -18,12 +18,8 @@ instance on the node takes (two run during a surge upgrade): nothing is decided 
 takes the lock twice: first to answer the claims prepared already (they cost no API read), then, after the
 other claims were read from the API server (a slow server holds up no other call), to prepare those.
 
-A device held by a claim the API server no longer has is not refused: the scheduler may hand a deleted pod's
-device to a new claim before the kubelet unprepares the old one. Only then, a claim refused for a held device
-costs one more read, outside the lock: the holder's. If it is gone, replaced (another UID) or no longer
-allocated the devices it holds here, it is stale (that never reverses) and, under the lock a third time, it is
-unprepared as its own Unprepare would (which then finds it done) and the refused claims are prepared again. A
-holder that is still allocated, that cannot be read, or a rebuilt one whose name is unknown, refuses as before.
+A device held by a claim the API server no longer has is not refused (dra_worker/stale.py): only then the
+holder is read, and a stale one is unprepared under the lock a third time.
 
 The checkpoint outlives a reboot (it is on disk), the RSD groups and CDI_ROOT (a tmpfs) do not: a recorded
 claim whose spec is gone is prepared again, and its recorded group, whose number a new group may have taken
@@ -42,10 +38,11 @@ from typing import Any, Protocol
 from loguru import logger
 
 from dra_worker import cdi
-from dra_worker.allocation import AllocatedDevice, ClaimRef, PrepareError, allocated_devices, is_admin, still_holds
+from dra_worker.allocation import AllocatedDevice, ClaimRef, PrepareError, allocated_devices, is_admin
 from dra_worker.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from dra_worker.inventory import NodeInventory, ServedDevice
 from dra_worker.kube import ApiFailure
+from dra_worker.stale import DeviceHeld, stale_holders, unprepare_stale
 from shared.cdi_annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.device_health import Health
 from shared.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
@@ -94,15 +91,6 @@ class PrepareSettings:
     """Called for each claim the API server no longer had, unprepared for another claim's devices."""
 
 
-class DeviceHeld(Exception):
-    """A claim's device prepared for another claim, `holder`; `holders` are all the claim's devices' holders, by
-    UID (each may be stale)."""
-
-    def __init__(self, device: str, holder: str, holders: dict[str, PreparedClaim]):
-        super().__init__(f"device {device} is already prepared for claim {holder}")
-        self.holders = holders
-
-
 def _answer(entry: PreparedClaim) -> ClaimResult:
     return ClaimResult(entry.devices, rsd_group=entry.rsd_group)
 
@@ -136,11 +124,11 @@ class Preparer:
                                                  reads_end)
             with self._settings.checkpoint.locked() as prepared:
                 refused = self._prepare_claims(allocations, prepared, results)
-            stale = self._stale_holders(refused, reads_end)
+            stale = stale_holders(refused.values(), self._settings.api.get_claim, self._settings.pool, reads_end,
+                                  self._settings.clock)
             if stale:
                 with self._settings.checkpoint.locked() as prepared:
-                    for uid, holder in stale.items():
-                        self._unprepare_stale(uid, holder, prepared)
+                    unprepare_stale(stale, prepared, self._unprepare_claim, self._settings.on_stale_unprepared)
                     self._prepare_claims([(ref, devices) for ref, devices in allocations if ref.uid in refused],
                                          prepared, results)
         except CheckpointError as exc:
@@ -181,43 +169,6 @@ class Preparer:
                 refused[ref.uid] = exc
                 results[ref.uid] = _claim_error(ref, exc)
         return refused
-
-    def _stale_holders(self, refused: dict[str, DeviceHeld], reads_end: float) -> dict[str, PreparedClaim]:
-        """The holders of refused claims' devices that the API server says are stale, one read each; none that
-        cannot be told (no name, the API server unreachable or out of the request's time)."""
-        holders = {uid: holder for held in refused.values() for uid, holder in held.holders.items() if holder.name}
-        stale = {}
-        for uid, holder in holders.items():
-            remaining = reads_end - self._settings.clock()
-            if remaining <= 0:
-                break
-            try:
-                claim = self._settings.api.get_claim(holder.namespace, holder.name, remaining)
-                alive = still_holds(claim, ClaimRef(holder.namespace, uid, holder.name), self._settings.pool,
-                                    {d.device for d in holder.devices})
-            except ApiFailure as exc:
-                alive = exc.status != 404
-            except (AttributeError, TypeError, ValueError):  # a claim not shaped as the API's: not known stale
-                alive = True
-            if not alive:
-                stale[uid] = holder
-        return stale
-
-    def _unprepare_stale(self, uid: str, holder: PreparedClaim, prepared: dict[str, PreparedClaim]) -> None:
-        """Unprepare a stale holder unless another call changed it since it was read; called with the checkpoint
-        locked."""
-        if prepared.get(uid) != holder:
-            return
-        claim = f"{holder.namespace}/{holder.name}"
-        devices = [d.device for d in holder.devices]
-        error = self._unprepare_claim(ClaimRef(holder.namespace, uid, holder.name), prepared)
-        if error is None:
-            self._settings.on_stale_unprepared()
-            logger.warning("Unprepared a claim the API server no longer has, to prepare its devices for another",
-                           claimUID=uid, claim=claim, deviceIDs=devices)
-        else:
-            logger.error("Cannot unprepare a claim the API server no longer has", claimUID=uid, claim=claim,
-                         deviceIDs=devices, err=error)
 
     def _prepare_claim(self, ref: ClaimRef, devices: dict[str, AllocatedDevice],
                        prepared: dict[str, PreparedClaim]) -> ClaimResult:
