@@ -87,7 +87,8 @@ def _preparer(settings: Settings, api: LazyApi, inventory: InventoryState,
     return Preparer(PrepareSettings(
         api=api, inventory=inventory.current, rsd_groups=RsdGroups(smi, settings.rsd_lock_file), checkpoint=checkpoint,
         read_status=lambda device: read_status(settings.sysfs_root, device), pool=settings.node_name,
-        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation)), checkpoint
+        cdi_root=settings.cdi_root, dev_root=settings.dev_root, cdi_annotation=settings.cdi_annotation,
+        on_stale_unprepared=metrics.stale_claim_unprepared)), checkpoint
 
 
 def _servers(settings: Settings, plugin: DraPlugin, health_watch: HealthWatch,

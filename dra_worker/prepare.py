@@ -18,6 +18,9 @@ instance on the node takes (two run during a surge upgrade): nothing is decided 
 takes the lock twice: first to answer the claims prepared already (they cost no API read), then, after the
 other claims were read from the API server (a slow server holds up no other call), to prepare those.
 
+A device held by a claim the API server no longer has is not refused (dra_worker/stale.py): only then the
+holder is read, and a stale one is unprepared under the lock a third time.
+
 The checkpoint outlives a reboot (it is on disk), the RSD groups and CDI_ROOT (a tmpfs) do not: a recorded
 claim whose spec is gone is prepared again, and its recorded group, whose number a new group may have taken
 since, is not destroyed.
@@ -39,6 +42,7 @@ from dra_worker.allocation import AllocatedDevice, ClaimRef, PrepareError, alloc
 from dra_worker.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from dra_worker.inventory import NodeInventory, ServedDevice
 from dra_worker.kube import ApiFailure
+from dra_worker.stale import DeviceHeld, stale_holders, unprepare_stale
 from shared.cdi.annotation import RUNTIME_DEVICE, CdiAnnotation
 from shared.node.device_health import Health
 from shared.node.device_nodes import DEVICE_NODE_TIMEOUT, DeviceNode, first_missing, own_node, rsd_host_path, rsd_node
@@ -83,6 +87,8 @@ class PrepareSettings:
     node_timeout: float = DEVICE_NODE_TIMEOUT
     """How long a device node may take to appear under dev_root."""
     clock: Callable[[], float] = time.monotonic
+    on_stale_unprepared: Callable[[], None] = lambda: None
+    """Called for each claim the API server no longer had, unprepared for another claim's devices."""
 
 
 def _answer(entry: PreparedClaim) -> ClaimResult:
@@ -90,7 +96,7 @@ def _answer(entry: PreparedClaim) -> ClaimResult:
 
 
 def _claim_error(ref: ClaimRef, exc: Exception) -> ClaimResult:
-    message = str(exc) if isinstance(exc, PrepareError) else f"{type(exc).__name__}: {exc}"
+    message = str(exc) if isinstance(exc, (PrepareError, DeviceHeld)) else f"{type(exc).__name__}: {exc}"
     return ClaimResult(error=f"claim {ref.namespace}/{ref.name}: {message}")
 
 
@@ -108,26 +114,33 @@ class Preparer:
         for ref in claims:
             refs.setdefault(ref.uid, ref)
         results: dict[str, ClaimResult] = {}
+        reads_end = self._settings.clock() + CLAIM_READ_TIMEOUT
         try:
             with self._settings.checkpoint.locked() as prepared:
                 for uid in refs:
                     if uid in prepared and self._answerable(uid, prepared[uid]):
                         results[uid] = _answer(prepared[uid])
-            allocations = self._read_allocations([ref for uid, ref in refs.items() if uid not in results], results)
+            allocations = self._read_allocations([ref for uid, ref in refs.items() if uid not in results], results,
+                                                 reads_end)
             with self._settings.checkpoint.locked() as prepared:
-                for ref, devices in allocations:
-                    results[ref.uid] = self._prepare_claim(ref, devices, prepared)
+                refused = self._prepare_claims(allocations, prepared, results)
+            stale = stale_holders(refused.values(), self._settings.api.get_claim, self._settings.pool, reads_end,
+                                  self._settings.clock)
+            if stale:
+                with self._settings.checkpoint.locked() as prepared:
+                    unprepare_stale(stale, prepared, self._unprepare_claim, self._settings.on_stale_unprepared)
+                    self._prepare_claims([(ref, devices) for ref, devices in allocations if ref.uid in refused],
+                                         prepared, results)
         except CheckpointError as exc:
             for uid in refs:
                 results.setdefault(uid, ClaimResult(error=str(exc)))
         return results
 
-    def _read_allocations(self, refs: Sequence[ClaimRef], results: dict[str, ClaimResult]
+    def _read_allocations(self, refs: Sequence[ClaimRef], results: dict[str, ClaimResult], reads_end: float
                           ) -> list[tuple[ClaimRef, dict[str, AllocatedDevice]]]:
-        """Each claim's devices from the API server, all reads within CLAIM_READ_TIMEOUT; a claim that cannot
-        be read, or is not allocated here, gets its error in `results`."""
+        """Each claim's devices from the API server, all reads by `reads_end`; a claim that cannot be read, or is
+        not allocated here, gets its error in `results`."""
         allocations = []
-        reads_end = self._settings.clock() + CLAIM_READ_TIMEOUT
         for ref in refs:
             remaining = reads_end - self._settings.clock()
             if remaining <= 0:
@@ -144,9 +157,23 @@ class Preparer:
                                                      f"{type(exc).__name__}: {exc}")
         return allocations
 
+    def _prepare_claims(self, allocations: Sequence[tuple[ClaimRef, dict[str, AllocatedDevice]]],
+                        prepared: dict[str, PreparedClaim], results: dict[str, ClaimResult]) -> dict[str, DeviceHeld]:
+        """Prepare each claim into `results`; called with the checkpoint locked. The claims refused because another
+        claim holds a device, by UID."""
+        refused = {}
+        for ref, devices in allocations:
+            try:
+                results[ref.uid] = self._prepare_claim(ref, devices, prepared)
+            except DeviceHeld as exc:
+                refused[ref.uid] = exc
+                results[ref.uid] = _claim_error(ref, exc)
+        return refused
+
     def _prepare_claim(self, ref: ClaimRef, devices: dict[str, AllocatedDevice],
                        prepared: dict[str, PreparedClaim]) -> ClaimResult:
-        """Prepare one claim and record it in `prepared` and on disk; called with the checkpoint locked."""
+        """Prepare one claim and record it in `prepared` and on disk; called with the checkpoint locked. DeviceHeld
+        if another claim holds one of its devices."""
         recorded = prepared.get(ref.uid)
         try:
             if recorded is not None and self._answerable(ref.uid, recorded):  # another instance prepared it meanwhile
@@ -207,11 +234,13 @@ class Preparer:
     def _check_devices(self, devices: dict[str, AllocatedDevice], others: dict[str, PreparedClaim]
                        ) -> list[ServedDevice]:
         """The inventory's entries of `devices`; PrepareError unless each is known, and (but for admin access)
-        prepared for none of the `others` and Healthy now, or tolerating its taint."""
+        Healthy now, or tolerating its taint; DeviceHeld if one is prepared for any of the `others`."""
         inventory = self._settings.inventory()
         if not inventory.complete:
             raise PrepareError("the node's inventory has not arrived from the scanner yet (just started); retry")
         holders = {d.device: uid for uid, claim in others.items() if not claim.admin_access for d in claim.devices}
+        held = {holders[name]: others[holders[name]] for name, allocated in devices.items()
+                if name in holders and not allocated.admin_access}
         served = []
         for name, allocated in devices.items():
             device = inventory.devices.get(name)
@@ -219,7 +248,7 @@ class Preparer:
                 raise PrepareError(f"device {quoted(name)} is not a device of this node")
             if not allocated.admin_access:
                 if name in holders:
-                    raise PrepareError(f"device {name} is already prepared for claim {holders[name]}")
+                    raise DeviceHeld(name, holders[name], held)
                 reading = self._settings.read_status(name)
                 healthy = reading.ready if reading.readable else device.health is Health.HEALTHY
                 status = reading.name if reading.readable else device.lifecycle

@@ -93,11 +93,15 @@ DRA_SLICE_PUBLISHES = Family("rbln_device_plugin_dra_slice_publishes_total", Kin
                              ("result",))
 DRA_CHECKPOINT_REBUILDS = Family("rbln_device_plugin_dra_checkpoint_rebuilds_total", Kind.COUNTER,
                                  "Unreadable checkpoints worker-dra moved aside and rebuilt from the node")
+DRA_STALE_CLAIMS_UNPREPARED = Family("rbln_device_plugin_dra_stale_claims_unprepared_total", Kind.COUNTER,
+                                     "Claims the API server no longer had that worker-dra unprepared to prepare "
+                                     "their devices for another claim")
 DRA_SLICE_WATCH_RESTARTS = Family("rbln_device_plugin_dra_slice_watch_restarts_total", Kind.COUNTER,
                                   "Watches on the node's ResourceSlices that failed and were started afresh")
 EVENT_FAMILIES = (ALLOCATIONS, ALLOCATE_DURATION, PREFERRED_ALLOCATION_DURATION, PREFERRED_ALLOCATION_FALLBACKS,
                   RBLN_SMI_DURATION, RBLN_SMI_FAILURES, SCAN_DURATION, KUBELET_RESTARTS, DRA_PREPARES,
-                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES, DRA_CHECKPOINT_REBUILDS, DRA_SLICE_WATCH_RESTARTS)
+                  DRA_PREPARE_DURATION, DRA_SLICE_PUBLISHES, DRA_CHECKPOINT_REBUILDS, DRA_STALE_CLAIMS_UNPREPARED,
+                  DRA_SLICE_WATCH_RESTARTS)
 
 # State families.
 DEVICES = Family("rbln_device_plugin_devices", Kind.GAUGE,
@@ -131,7 +135,7 @@ FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 # What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
 # appear in both modes, as zero while nothing happened.
 DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_CHECKPOINT_REBUILDS,
-                     DRA_SLICE_WATCH_RESTARTS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
+                     DRA_STALE_CLAIMS_UNPREPARED, DRA_SLICE_WATCH_RESTARTS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
@@ -301,6 +305,9 @@ class Recorder:
 
     def checkpoint_rebuild(self) -> None:
         self._record(lambda f: f.inc(DRA_CHECKPOINT_REBUILDS))
+
+    def stale_claim_unprepared(self) -> None:
+        self._record(lambda f: f.inc(DRA_STALE_CLAIMS_UNPREPARED))
 
     def kubelet_restart(self) -> None:
         self._record(lambda f: f.inc(KUBELET_RESTARTS))

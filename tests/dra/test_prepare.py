@@ -103,6 +103,31 @@ def test_a_repeated_prepare_answers_the_same_and_makes_no_second_group(serve):
     assert len([i for i in cdi if i.startswith("k8s.")]) == 2
 
 
+# A deleted pod's device may be allocated to a new claim before the kubelet unprepares the old one: the new
+# claim is prepared at once (not after the kubelet's backoff), and the old one's late Unprepare leaves it.
+def test_a_device_of_a_claim_deleted_before_its_unprepare_is_prepared_at_once_for_the_next_claim(serve):
+    serving = serve("1", {"rbln0"})
+    kubelet, node, namespace = serving.kubelet, serving.node, serving.namespace
+    old_pod, devices, old_uid = claim_pod(serving, "old")
+    kubelet.prepare(old_pod)
+    assert devices == ["rbln0"] and claim_spec_files(node, old_uid)
+    kubelet.delete("ResourceClaim", "old", namespace=namespace)
+    new_pod, new_devices, new_uid = claim_pod(serving, "new")
+    assert new_devices == ["rbln0"], "the scheduler's allocator gave the deleted claim's device again"
+
+    cdi_ids = kubelet.prepare(new_pod)["main"]
+    assert f"k8s.npu.rebellions.ai/npu={new_uid}-rbln0" in cdi_ids
+    serving.stack.wait_for_record("Unprepared a claim the API server no longer has, to prepare its devices for "
+                                  "another", claimUID=old_uid, claim=f"{namespace}/old", deviceIDs=["rbln0"])
+    groups = claim_groups(node)
+    assert list(groups.values()) == [npus(node, ["rbln0"])]
+    assert claim_spec_files(node, old_uid) == [] and claim_spec_files(node, new_uid)
+
+    kubelet.unprepare(old_pod["metadata"]["uid"])
+    assert claim_groups(node) == groups, "the new claim's group is intact"
+    assert claim_spec_files(node, new_uid)
+
+
 # The claim may be gone from the API server by the time its last pod ends: Unprepare works without it.
 @pytest.mark.parametrize("claim_deleted", [False, True])
 def test_unprepare_destroys_the_group_and_removes_the_spec(serve, claim_deleted):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dra_worker import cdi
 from dra_worker.checkpoint import LOCK_NAME, LOCK_TIMEOUT, Checkpoint
 from dra_worker.inventory import InventoryState
+from dra_worker.kube import ApiFailure
 from dra_worker.prepare import CLAIM_READ_TIMEOUT, ClaimRef, Preparer, PrepareSettings
 from dra_worker.rebuild import rebuild_claims
 from shared.cdi.annotation import RUNTIME_DEVICE, CdiAnnotation
@@ -30,8 +31,9 @@ def node(tmp_path):
 
 
 def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, timeout=0.2, clock=time.monotonic,
-              lock_timeout=LOCK_TIMEOUT, rebuilds=None):
+              lock_timeout=LOCK_TIMEOUT, rebuilds=None, stale_unprepared=None):
     rebuilds = [] if rebuilds is None else rebuilds
+    stale_unprepared = [] if stale_unprepared is None else stale_unprepared
     plugin_dir = tmp_path / "plugins" / "npu.rebellions.ai"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     return Preparer(PrepareSettings(
@@ -39,7 +41,8 @@ def _preparer(node, tmp_path, store, state, annotation=CdiAnnotation.ALWAYS, tim
         checkpoint=Checkpoint(plugin_dir, lambda: rebuild_claims(node.cdi_root, RblnSmi(node.rbln_smi).groups()),
                               on_rebuilt=lambda: rebuilds.append(1), lock_timeout=lock_timeout),
         read_status=lambda device: read_status(node.sysfs_root, device), pool=NODE, cdi_root=node.cdi_root,
-        dev_root=node.dev_root, cdi_annotation=annotation, node_timeout=timeout, clock=clock))
+        dev_root=node.dev_root, cdi_annotation=annotation, node_timeout=timeout, clock=clock,
+        on_stale_unprepared=lambda: stale_unprepared.append(1)))
 
 
 @pytest.fixture
@@ -157,11 +160,128 @@ def test_a_device_prepared_for_another_claim_is_refused(node, world):
     store, _state, preparer = world
     first, second = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln1", "rbln0"]))
     preparer.prepare([_ref(first)])
-    groups = _groups(node)
+    groups, reads = _groups(node), store.reads
     result = preparer.prepare([_ref(second)])["uid-2"]
     assert "rbln0 is already prepared for claim uid-1" in result.error
+    assert store.reads == reads + 2, "the claim's read and one of the holder, still allocated rbln0"
     assert _groups(node) == groups, "the first claim's group is intact"
     assert not cdi.spec_path(node.cdi_root, "uid-2").exists()
+
+
+def _deleted(store, body):
+    del store.claims[f"{body['metadata']['namespace']}/{body['metadata']['name']}"]
+
+
+def _replaced(store, body):
+    store.add(claim("uid-1-again", ["rbln3"], name=body["metadata"]["name"]))
+
+
+def _deallocated(store, body):
+    body["status"] = {}
+
+
+def _reallocated(store, body):
+    store.add(claim("uid-1", ["rbln3"]))
+
+
+@pytest.mark.parametrize("gone", [_deleted, _replaced, _deallocated, _reallocated])
+def test_a_device_held_by_a_claim_the_api_server_no_longer_has_is_prepared_for_the_new_claim(
+        node, tmp_path, world, logs, gone):
+    store, state, _ = world
+    stale_unprepared: list[int] = []
+    preparer = _preparer(node, tmp_path, store, state, stale_unprepared=stale_unprepared)
+    old, new = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln1", "rbln0"]))
+    old_group = preparer.prepare([_ref(old)])["uid-1"].rsd_group
+    gone(store, old)  # the pod was deleted; the kubelet has not called NodeUnprepareResources yet
+    reads = store.reads
+    result = preparer.prepare([_ref(new)])["uid-2"]
+    assert result.error is None
+    assert store.reads == reads + 2, "the new claim's read and one of the holder"
+    assert _groups(node) == {result.rsd_group: sorted([_npus(node)["rbln0"], _npus(node)["rbln1"]])}
+    assert old_group not in _groups(node) or old_group == result.rsd_group
+    assert not cdi.spec_path(node.cdi_root, "uid-1").exists()
+    assert preparer.prepared_count() == 1
+    records = [r for r in logs if r["msg"].startswith("Unprepared a claim the API server no longer has")]
+    assert [(r["level"], r["claimUID"], r["claim"], r["deviceIDs"]) for r in records] == [
+        ("WARNING", "uid-1", "default/claim-uid-1", ["rbln0"])]
+    assert stale_unprepared == [1]
+    # The kubelet's late Unprepare of the old claim finds it done and leaves the new claim's group.
+    assert preparer.unprepare([_ref(old)]) == {"uid-1": None}
+    assert result.rsd_group in _groups(node) and cdi.spec_path(node.cdi_root, "uid-2").exists()
+    assert preparer.prepare([_ref(new)])["uid-2"] == result
+
+
+def test_each_holder_of_a_claim_s_devices_is_read_once_and_only_the_stale_ones_are_unprepared(node, world):
+    store, _state, preparer = world
+    gone, kept = store.add(claim("uid-a", ["rbln0"])), store.add(claim("uid-b", ["rbln1"]))
+    preparer.prepare([_ref(gone)])
+    kept_result = preparer.prepare([_ref(kept)])["uid-b"]
+    _deleted(store, gone)
+    reads = store.reads
+    both = store.add(claim("uid-c", ["rbln0", "rbln1"]))
+    assert "rbln1 is already prepared for claim uid-b" in preparer.prepare([_ref(both)])["uid-c"].error
+    assert store.reads == reads + 3, "the claim and each holder once"
+    assert not cdi.spec_path(node.cdi_root, "uid-a").exists() and preparer.prepared_count() == 1
+    assert preparer.prepare([_ref(kept)])["uid-b"] == kept_result
+
+
+def test_a_held_device_is_refused_while_its_holder_cannot_be_read(node, world):
+    store, _state, preparer = world
+    old, new = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln0"]))
+    first = preparer.prepare([_ref(old)])["uid-1"]
+    real_get = store.get_claim
+
+    def unreachable(namespace, name, timeout):
+        if name == "claim-uid-1":
+            raise ApiFailure("get ResourceClaim default/claim-uid-1: 503 Service Unavailable", 503)
+        return real_get(namespace, name, timeout)
+
+    store.get_claim = unreachable
+    _deleted(store, old)
+    assert "rbln0 is already prepared for claim uid-1" in preparer.prepare([_ref(new)])["uid-2"].error
+    assert preparer.prepare([_ref(old)])["uid-1"] == first, "the holder is intact"
+
+
+def test_another_instance_unpreparing_the_stale_holder_meanwhile_leaves_one_group_for_the_new_claim(
+        node, world, tmp_path, logs):
+    store, state, preparer = world
+    other_instance = _preparer(node, tmp_path, store, state)
+    old, new = store.add(claim("uid-1", ["rbln0"])), store.add(claim("uid-2", ["rbln0"]))
+    preparer.prepare([_ref(old)])
+    _deleted(store, old)
+    real_get = store.get_claim
+    answered = {}
+
+    def racing(namespace, name, timeout):
+        if name == "claim-uid-1" and not answered:  # the holder's read: the other instance goes first
+            assert other_instance.unprepare([_ref(old)]) == {"uid-1": None}
+            answered.update(other_instance.prepare([_ref(new)]))
+        return real_get(namespace, name, timeout)
+
+    store.get_claim = racing
+    assert preparer.prepare([_ref(new)])["uid-2"] == answered["uid-2"]
+    assert list(_groups(node)) == [answered["uid-2"].rsd_group]
+    assert not [r for r in logs if r["msg"].startswith("Unprepared a claim the API server")], "nothing left to do"
+
+
+def test_a_held_device_is_refused_without_a_holder_read_once_the_request_s_reads_are_out_of_time(node, tmp_path):
+    store, state = ClaimStore(), InventoryState()
+    feed(state, node)
+    now = [0.0]
+
+    def get_claim(namespace, name, timeout):
+        now[0] += CLAIM_READ_TIMEOUT
+        return ClaimStore.get_claim(store, namespace, name, timeout)
+
+    store.get_claim = get_claim
+    preparer = _preparer(node, tmp_path, store, state, clock=lambda: now[0])
+    old = store.add(claim("uid-1", ["rbln0"]))
+    preparer.prepare([_ref(old)])
+    _deleted(store, old)
+    reads = store.reads
+    assert "rbln0 is already prepared for claim uid-1" in preparer.prepare(
+        [_ref(store.add(claim("uid-2", ["rbln0"])))])["uid-2"].error
+    assert store.reads == reads + 1, "only the new claim was read"
 
 
 @pytest.mark.parametrize(("body", "expected"), [
