@@ -225,10 +225,11 @@ def _dra_start_and_stop(node, environ: dict[str, str]) -> tuple[float, float, in
 def measure_dra(start_rounds: int, idle_window: float) -> list[dict]:
     import tempfile
 
-    from tests.fake_kube_api import FakeKubeApi
+    from simulator.kube_api import FakeKubeApi
+    from tests.support.certificates import self_signed
 
     credentials = tempfile.TemporaryDirectory(prefix="rbln-bench-dra-tls-")
-    api = FakeKubeApi(tls_dir=pathlib.Path(credentials.name)).start()
+    api = FakeKubeApi(tls=self_signed(pathlib.Path(credentials.name), "127.0.0.1")).start()
     api.nodes[DRA_NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": DRA_NODE, "uid": "n"}}
     try:
         with common.temporary_node(node_spec()) as node:
