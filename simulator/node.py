@@ -116,6 +116,9 @@ class SimulatedNode:
             "RBLN_DEVICE_PLUGIN_RUN_DIR": str(self.run_dir),
             "RBLN_DEVICE_PLUGIN_LOG_DIR": str(self.log_dir),
             "KUBELET_POD_RESOURCES_SOCKET": str(self.pod_resources_socket),
+            # The kubelet's DRA dirs: the mode check looks for a DRA plugin's registration socket there.
+            "KUBELET_PLUGINS_PATH": str(self.root / "plugins"),
+            "KUBELET_PLUGIN_REGISTRY_PATH": str(self.root / "plugins_registry"),
             "HEALTHCHECK_PORT": "-1",
             "METRICS_PORT": "-1",
             "DEVICE_SCAN_INTERVAL": scan_interval,

@@ -150,8 +150,10 @@ def footprint_violations(served: Served) -> list[str]:
     own = [node.run_dir, node.cdi_root, node.lock_file, node.plugin_dir, node.log_dir]
     std_streams = ["/dev/stdout", "/dev/stderr", "/dev/null"]
     # The other CDI spec dir is only read: the scanner checks whether a spec there resolves the annotation.
+    # The kubelet's plugin registry is only listed: the mode check looks for a live DRA plugin's registration
+    # socket there, by either naming scheme (fixed, or with a pod's UID).
     readable = [node.sysfs_root, node.dev_root, *own, node.static_cdi_dir, *_code_roots(),
-                served.audit_dir.parent / "hook", "/proc", *std_streams, "/dev/urandom"]
+                served.audit_dir.parent / "hook", "/proc", *std_streams, "/dev/urandom", node.root / "plugins_registry"]
     writable = [*own, *std_streams]
     ancestors = {str(p) for root in own for p in root.parents}  # mkdir(parents=True) walks these
     runnable = {str(node.rbln_smi), sys.executable, os.path.realpath(sys.executable), "/sbin/ldconfig"}
