@@ -285,7 +285,7 @@ def build_harness(directory: pathlib.Path) -> pathlib.Path:
 
 
 def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = None,
-        harness: pathlib.Path | None = None) -> list[dict]:
+        harness: pathlib.Path | None = None, sides: tuple[str, ...] = ("go", "python")) -> list[dict]:
     from tests.dra.dra_harness import ApiServer
 
     nodes = nodes or (QUICK_NODES if quick else NODES)
@@ -299,7 +299,7 @@ def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = 
         fleet = Fleet(server)
         try:
             for count in nodes:
-                for side in ("go", "python"):
+                for side in sides:
                     argv = ([str(binary), "publishers", f"-kubeconfig={server.admin_kubeconfig}"] if side == "go"
                             else [sys.executable, str(pathlib.Path(__file__).resolve()), "--serve-python",
                                   server.admin_kubeconfig])
@@ -313,7 +313,7 @@ def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = 
         finally:
             fleet.client.close()
             server.close()
-    return rows + goal_rows(rows)
+    return rows + (goal_rows(rows) if len(sides) == 2 else [])
 
 
 def goal_rows(rows: list[dict]) -> list[dict]:
@@ -351,8 +351,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", help=f"fleet sizes (default {NODES})")
     parser.add_argument("--rest", type=float, help=f"seconds at rest (default {REST_SECONDS:g})")
     parser.add_argument("--harness", type=pathlib.Path, help="a built dra-harness binary")
+    parser.add_argument("--sides", nargs="+", choices=("go", "python"), default=("go", "python"),
+                        help="which publishers (default both; the goals need both)")
     args = parser.parse_args()
-    for row in run(args.quick, tuple(args.nodes) if args.nodes else None, args.rest, args.harness):
+    for row in run(args.quick, tuple(args.nodes) if args.nodes else None, args.rest, args.harness,
+                   tuple(args.sides)):
         print(json.dumps(row))
 
 

@@ -134,8 +134,7 @@ STATE_FAMILIES = (DEVICES, DEVICE_STATUS, REGISTERED, STREAMS, DISCOVERY_FAILING
 FAMILIES = EVENT_FAMILIES + STATE_FAMILIES
 # What only a stack in DRA mode shows (worker-dra's labelled events and its checkpoint's count); the others
 # appear in both modes, as zero while nothing happened.
-DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_CHECKPOINT_REBUILDS,
-                     DRA_STALE_CLAIMS_UNPREPARED, DRA_SLICE_WATCH_RESTARTS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
+DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA_HEALTH_STREAMS, DRA_TAINTED_DEVICES)
 
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
@@ -208,7 +207,7 @@ class Recorder:
             return files
         resource, smi_commands, dra = self._zero_series
         for family in EVENT_FAMILIES:
-            if not family.labels and (dra or family not in DRA_ONLY_FAMILIES):
+            if not family.labels:
                 files.touch(family)
         if resource is not None:
             for result in Result:

@@ -15,34 +15,11 @@ from tests.cdi.reference import ReferenceLibrary
 from tests.conformance.kubelet_harness import HarnessError
 from tests.dra.dra_harness import claim, exactly, pod
 from tests.support.cdi_spec_family import EDGE_FILES
+from tests.support.dra_scenarios import NPU_CLASS, REGISTERED, claim_groups, claim_pod, claim_spec_files, npus
 from tests.support.waiting import wait_until
 
-NPU_CLASS = "npu.rebellions.ai"
 FAULT = 4
-REGISTERED = "Registered with the kubelet"
 TOOLKIT_SPEC = next(data for why, _suffix, data in EDGE_FILES if why == "the toolkit's spec")
-
-
-def claim_pod(serving, name: str, count: int = 1):
-    """A claim of `count` NPUs allocated by the scheduler's allocator to a pod of the same name: (pod, devices, uid)."""
-    kubelet, namespace = serving.kubelet, serving.namespace
-    kubelet.apply(claim(name, namespace, [exactly("npus", NPU_CLASS, count=count)]))
-    spec = pod(name, namespace, {"npus": name})
-    answer = kubelet.allocate(spec)
-    assert answer["allocated"], f"{name} not allocated"
-    return spec, sorted(d["device"] for d in answer["results"][name]), kubelet.claim(namespace, name)["metadata"]["uid"]
-
-
-def claim_spec_files(node, uid: str):
-    return [path for path in node.cdi_root.iterdir() if uid in path.name]
-
-
-def npus(node, devices: list[str]) -> list[int]:
-    return sorted(node.device(d).npu for d in devices)
-
-
-def claim_groups(node) -> dict[int, list[int]]:
-    return {gid: members for gid, members in node.rsd_groups().items() if gid != 0}
 
 
 # With the toolkit's spec on the node every CDI device the kubelet hands over resolves, the toolkit's own

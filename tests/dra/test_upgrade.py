@@ -8,7 +8,7 @@ import pathlib
 import threading
 
 from tests.dra.dra_harness import DRIVER
-from tests.dra.test_prepare import REGISTERED, claim_groups, claim_pod, claim_spec_files, npus
+from tests.support.dra_scenarios import REGISTERED, claim_groups, claim_pod, claim_spec_files, npus
 from tests.support.waiting import wait_until
 
 OLD_POD, NEW_POD = "5d0c6a2e-0000-4000-8000-00000000a1d0", "5d0c6a2e-0000-4000-8000-00000000b2e0"

