@@ -11,11 +11,10 @@ server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
 second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
 last version it saw, and raises what ends it otherwise. Two requests need what lightkube's public calls cannot
-send, and are built from its generic client as its own calls build theirs (`_watch_list`,
-`_delete_with_preconditions`), checked against the version `LIGHTKUBE_CHECKED` names (tests/unit/test_dra_kube.py
-fails on another): the watch-list (the slices as they are and then their changes, in one watch request with
-bookmarks, as client-go's informers ask since Kubernetes 1.32: no list request), and deletes with preconditions
-(UID and resourceVersion).
+send, and are built from its generic client as its own calls build theirs, behind the fence
+(shared/fence/lightkube_requests.py, checked against the lightkube release pinned in pyproject.toml): the
+watch-list (the slices as they are and then their changes, in one watch request with bookmarks, as client-go's
+informers ask since Kubernetes 1.32: no list request), and deletes with preconditions (UID and resourceVersion).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from shared.config import DRA_DRIVER
+from shared.fence.lightkube_requests import delete_with_preconditions, uncompressed, watch_list
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -34,8 +34,6 @@ FIELD_MANAGER = DRA_DRIVER
 _RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
-# The lightkube release whose generic client `_delete_with_preconditions` was written and tested against.
-LIGHTKUBE_CHECKED = "1.0.1"
 
 
 class ApiFailure(RuntimeError):
@@ -61,10 +59,6 @@ class Backoff:
         self._next = 0.0
 
 
-SYNCED = "SYNCED"
-"""The event after a watch-list's initial ADDED events: from here on the view is the server's."""
-# The annotation of the bookmark that ends a watch-list's initial events.
-_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,47 +66,6 @@ class SliceList:
     items: list[Json]
     resource_version: str
     """The list's version: a watch from it misses nothing."""
-
-
-def _delete_with_preconditions(client: Any, resource: Any, name: str, uid: str, resource_version: str) -> None:
-    """DELETE `name` only if it still has this UID and resourceVersion (else 409 Conflict), as lightkube's own
-    delete builds the request, with DeleteOptions in the body. Reaches into lightkube's generic client (see
-    LIGHTKUBE_CHECKED); what it buys: an obsolete slice is removed only as this worker saw it, never after another
-    writer changed or replaced it."""
-    generic = client._client
-    basic = generic.prepare_request("delete", res=resource, name=name)
-    options = {"apiVersion": "v1", "kind": "DeleteOptions",
-               "preconditions": {"uid": uid, "resourceVersion": resource_version}}
-    request = generic._client.build_request("DELETE", basic.url, params=basic.params, json=options)
-    generic.raise_for_status(generic.send(request))
-
-
-def _uncompressed(client: Any) -> None:
-    """Ask for answers as they are, not gzip-compressed. The API server compresses a watch-list's stream (its
-    initial events make it large) and then holds later events back until more follow: a deletion went unseen for
-    seconds on end (kube-apiserver 1.37, measured in tests/dra). worker-dra's answers are small (one node's
-    slices, one claim). Reaches into lightkube's generic client for its HTTP client (see LIGHTKUBE_CHECKED):
-    lightkube sends no header of a caller's with a watch."""
-    client._client._client.headers["Accept-Encoding"] = "identity"
-
-
-def _watch_list(client: Any, resource: Any, field_selector: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
-    """A watch-list as lightkube's own watch builds a watch, with sendInitialEvents and bookmarks: ADDED for each
-    object there is, SYNCED at the bookmark that ends them, then the changes; resumed (by lightkube, when the
-    server ends the watch) as a plain watch from the last version seen, which the bookmarks keep recent. Reaches
-    into lightkube's generic client (see LIGHTKUBE_CHECKED); what it buys: no list request at start or after a
-    failed watch, the request client-go's informers save."""
-    generic = client._client
-    request = generic.prepare_request("list", res=resource, watch=True, params={
-        "timeoutSeconds": server_timeout, "fieldSelector": field_selector, "allowWatchBookmarks": "true",
-        "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"})
-    for kind, item in generic.watch(request):
-        if kind != "BOOKMARK":
-            yield kind, dict(item)
-        elif ((dict(item).get("metadata") or {}).get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
-            for initial_only in ("sendInitialEvents", "resourceVersionMatch"):
-                request.params.pop(initial_only, None)
-            yield SYNCED, {}
 
 
 def _failure(exc: Exception, what: str) -> ApiFailure:
@@ -140,7 +93,7 @@ class KubeApi:
                                              else KubeConfig.from_service_account())
         self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
                               trust_env=False)
-        _uncompressed(self._client)
+        uncompressed(self._client)
         self._sleep = sleep
         self._clock = clock
         self._slices = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
@@ -203,7 +156,7 @@ class KubeApi:
         server that does not serve watch-lists."""
         selector = ",".join(f"{key}={value}" for key, value in sorted(self._slice_fields(node_name).items()))
         try:
-            yield from _watch_list(self._client, self._slices, selector, server_timeout)
+            yield from watch_list(self._client, self._slices, selector, server_timeout)
         except Exception as exc:  # as watch_slices
             raise _failure(exc, "watch-list ResourceSlices") from None
 
@@ -236,7 +189,7 @@ class KubeApi:
         name = metadata["name"]
         deadline = self._clock() + timeout
         try:
-            self._call(f"delete ResourceSlice {name}", lambda: _delete_with_preconditions(
+            self._call(f"delete ResourceSlice {name}", lambda: delete_with_preconditions(
                 self._client, self._slices, name, metadata["uid"], metadata["resourceVersion"]), deadline)
         except ApiFailure as failure:
             if failure.status != 404:

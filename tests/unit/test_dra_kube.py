@@ -107,9 +107,9 @@ def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_pre
     request of the shape the API server takes, checked against the release it was written for."""
     from importlib.metadata import version
 
-    from dra_worker.kube import LIGHTKUBE_CHECKED
+    from shared.fence.lightkube_requests import CHECKED_AGAINST
 
-    assert version("lightkube") == LIGHTKUBE_CHECKED, "check _delete_with_preconditions against this release"
+    assert version("lightkube") == CHECKED_AGAINST[1], "check _delete_with_preconditions against this release"
     server.put_slice({"metadata": {"name": "s1", "uid": "uid-s1"}, "spec": {"driver": "npu.rebellions.ai",
                                                                          "nodeName": NODE, "devices": []}})
     listing = client.list_slices(NODE, timeout=5)

@@ -36,8 +36,9 @@ def _locked() -> dict[str, str]:
     return {_normal(name): version for name, version in re.findall(r"^([\w.-]+)==([\w.]+)", lock, re.M)}
 
 
-def test_the_fence_holds_the_four_workarounds():
-    assert MODULES == ["loguru_asyncio", "prometheus_value_files", "supervisord_started", "supervisord_wakeup"]
+def test_the_fence_holds_the_five_workarounds():
+    assert MODULES == ["lightkube_requests", "loguru_asyncio", "prometheus_value_files", "supervisord_started",
+                       "supervisord_wakeup"]
 
 
 @pytest.mark.parametrize("module", MODULES)
