@@ -45,7 +45,9 @@ def test_every_family_from_every_process_and_a_killed_worker_counts_once(make_no
     kubelet.preferred_allocation(VF4, ["rbln2-0", "rbln2-1", "rbln2-9"], size=1)
     with pytest.raises(grpc.RpcError):
         kubelet.allocate(NPU, [["rbln9"]])  # refused: no such device
-    samples = wait_for_scrape(port, registered(NPU, VF4), "npu and npu-vf4 registered")
+    # Readiness follows the watchdog's next judgement, which may come a moment after both have registered.
+    wait_for_scrape(port, lambda s: registered(NPU, VF4)(s) and value(s, "rbln_device_plugin_ready") == 1,
+                    "npu and npu-vf4 registered, the stack ready")
     text = scrape_text(port)
     # In device plugin mode: every family but worker-dra's own.
     assert families(text) == {family.name for family in FAMILIES} - {family.name for family in DRA_ONLY_FAMILIES}
