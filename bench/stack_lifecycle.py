@@ -83,6 +83,17 @@ def _serving(kubelet: KubeletSimulator, devices: int) -> bool:
     return view is not None and view.connected and len(view.devices) == devices
 
 
+def _stop_settled(stack: StackProcess) -> tuple[float, int]:
+    """SIGTERM to the stack once every program is past its start (so that stop measures stopping, not
+    starting): the milliseconds to supervisord's exit, and its exit code."""
+    stack.wait_for_record("Health service listening", timeout=TIMEOUT)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    stack.send_signal(signal.SIGTERM)
+    code = stack.wait(TIMEOUT)
+    return (time.monotonic() - signalled) * 1000, code
+
+
 def _start_and_stop(node, environ: dict[str, str], devices: int) -> tuple[float, float, int, int, float]:
     """One stack: ms to npu's Register, ms from SIGTERM to exit, the exit code, sockets left behind, and ms
     from the spawn of `run` to supervisord's first spawn of a program (10 ms clock ticks)."""
@@ -95,13 +106,7 @@ def _start_and_stop(node, environ: dict[str, str], devices: int) -> tuple[float,
             start_ms = (_accepted(kubelet, 0)[0].time - spawned) * 1000
             first_program = min(map(common.start_ticks, common.stack_processes(stack.pid)[1:]))
             spawn_ms = (first_program - common.start_ticks(stack.pid)) * 1000 / common.CLOCK_TICKS
-            # Settled: every program past its start, so that stop measures stopping, not starting.
-            stack.wait_for_record("Health service listening", timeout=TIMEOUT)
-            time.sleep(1.0)
-            signalled = time.monotonic()
-            stack.send_signal(signal.SIGTERM)
-            code = stack.wait(TIMEOUT)
-            stop_ms = (time.monotonic() - signalled) * 1000
+            stop_ms, code = _stop_settled(stack)
         finally:
             stack.stop()
         left = [p.name for p in node.plugin_dir.iterdir() if p.name != "kubelet.sock"]
@@ -211,12 +216,7 @@ def _dra_start_and_stop(node, environ: dict[str, str]) -> tuple[float, float, in
                 raise TimeoutError("worker-dra's registration socket did not appear")
             time.sleep(0.002)
         start_ms = (socket.lstat().st_mtime - spawned) * 1000
-        stack.wait_for_record("Health service listening", timeout=TIMEOUT)
-        time.sleep(1.0)
-        signalled = time.monotonic()
-        stack.send_signal(signal.SIGTERM)
-        code = stack.wait(TIMEOUT)
-        stop_ms = (time.monotonic() - signalled) * 1000
+        stop_ms, code = _stop_settled(stack)
     finally:
         stack.stop()
     return start_ms, stop_ms, code
