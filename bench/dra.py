@@ -117,9 +117,10 @@ def prepare_rows(calls: int, data_root: str | None = None, suffix: str = "") -> 
     ]
 
 
-def _published(api: FakeKubeApi) -> set[str]:
+def _tainted(api: FakeKubeApi) -> set[str]:
+    """The published devices that carry a taint (an Unhealthy device stays in its slice, tainted)."""
     with api._lock:
-        return {d["name"] for s in api.slices.values() for d in s["spec"]["devices"]}
+        return {d["name"] for s in api.slices.values() for d in s["spec"]["devices"] if d.get("taints")}
 
 
 def _await(condition, timeout: float) -> float:
@@ -152,7 +153,7 @@ def stack_rows(flips: int) -> list[dict]:
                 for index in range(flips):
                     faulty = index % 2 == 0
                     node.set_status("rbln3", 4 if faulty else 0)
-                    delays.append(_await(lambda f=faulty: ("rbln3" in _published(api)) is not f, 10) * 1000)
+                    delays.append(_await(lambda f=faulty: ("rbln3" in _tainted(api)) is f, 10) * 1000)
                 api.claims[("bench", "c1")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                                                **_claim("uid-rss", "rbln0"), "spec": {"devices": {}}}
                 api.claims[("bench", "c1")]["metadata"]["name"] = "c1"
