@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from kubelet_watchdog.health_server import HEALTH_BACKEND_SOCKET, HealthServer
+from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.kubelet_socket_watch import KubeletSocketWatcher
 from kubelet_watchdog.metrics_server import MetricsEndpoint
 from kubelet_watchdog.probes import (
@@ -80,7 +80,7 @@ class HealthEndpoint:
         try:
             server = self._make_server(self._port)
             server.start()
-        except (OSError, RuntimeError) as exc:  # RuntimeError: gRPC cannot bind its unix socket
+        except OSError as exc:
             if server is not None:
                 server.stop()  # the port it holds, to be bound again at the next check
             if not self._failure_logged:
@@ -305,8 +305,7 @@ def main() -> None:
     shutdown = ShutdownSignal().install()
     recorder = recorder_for(settings.metrics_port, settings.run_dir)
     recorder.load()
-    backend = settings.run_dir / HEALTH_BACKEND_SOCKET
-    health = HealthEndpoint(settings.healthcheck_port, lambda port: HealthServer(port, backend))
+    health = HealthEndpoint(settings.healthcheck_port, HealthServer)
     metrics = MetricsEndpoint(settings.metrics_port, metrics_dir(settings.run_dir))
     try:
         Watchdog(settings, connect(settings.run_dir), health, metrics, recorder).run(shutdown)

@@ -186,7 +186,7 @@ def listening_socket(port: int) -> socket.socket:
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and without it a reply
-            # relayed in two writes waits out the client's delayed ACK (40 ms).
+            # sent in two writes waits out the client's delayed ACK (40 ms).
             sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         except OSError as exc:
             if family == socket.AF_INET6 and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):

@@ -312,14 +312,16 @@ def test_allocate_answers_with_the_group_device_and_the_cdi_annotation(container
 
 
 # The kubelet's gRPC probe: grpc.health.v1 Check of the probe's service on the pod's address and the
-# probe's port, within timeoutSeconds, healthy only when SERVING.
+# probe's port, within timeoutSeconds, healthy only when SERVING. The image's own gRPC runtime is the client;
+# it has no health stubs (the watchdog needs none), so the two one-field messages are written out here:
+# HealthCheckRequest{service} and HealthCheckResponse{status}, status 1 being SERVING.
 PROBE = """
 import sys, grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-port, service, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+port, service, timeout = sys.argv[1], sys.argv[2].encode(), float(sys.argv[3])
 with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    reply = check(b"\\x0a" + bytes([len(service)]) + service, timeout=timeout)
+print({b"\\x08\\x01": "SERVING", b"\\x08\\x02": "NOT_SERVING"}.get(reply, repr(reply)))
 """
 
 

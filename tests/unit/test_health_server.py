@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import socket
+import struct
 import threading
 import time
 
 import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.registry import CollectorRegistry
@@ -25,11 +32,11 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @pytest.fixture
-def serve(short_tmp):
+def serve():
     servers = []
 
     def start() -> HealthServer:
-        server = HealthServer(0, short_tmp / f"health-{len(servers)}.sock")
+        server = HealthServer(0)
         server.start()
         servers.append(server)
         return server
@@ -147,18 +154,128 @@ def container_limit():
 
 
 def test_both_ports_full_fit_the_descriptor_limit_together_and_give_their_room_back(container_limit, serve):
-    """A relayed health connection holds three descriptors (the client's, the relay's, gRPC's end of it):
-    both ports full, with the process's own, must stay within the limit, or accepts fail with EMFILE (asyncio
-    then stops accepting for a second) and so do the watchdog's own opens."""
+    """Both ports full, with the process's own descriptors, must stay within the limit, or accepts fail with
+    EMFILE (asyncio then stops accepting for a second) and so do the watchdog's own opens."""
     health = serve()
     metrics = MetricsServer(0, CollectorRegistry())
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        assert health.table.limit * 3 + metrics.table.limit + serving_loop._RESERVED_DESCRIPTORS <= soft
-        if hard == resource.RLIM_INFINITY or hard >= 3 * health_server.MAX_CONNECTIONS + 2048:
+        assert health.table.limit + metrics.table.limit + serving_loop._RESERVED_DESCRIPTORS <= soft
+        if hard == resource.RLIM_INFINITY or hard >= health_server.MAX_CONNECTIONS + 2048:
             assert health.table.limit == health_server.MAX_CONNECTIONS  # the soft limit was raised for both
             assert metrics.table.limit == metrics_server.MAX_CONNECTIONS
     finally:
         metrics.stop()
     health.stop()
     assert serve().table.limit == health.table.limit, "the stopped servers gave their room back"
+
+
+class RawClient:
+    """An HTTP/2 client on a plain socket (h2 frames it), for what no gRPC client sends."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.h2.initiate_connection()
+        self.sock.sendall(self.h2.data_to_send())
+
+    def call(self, path: str, body: bytes | None, content_type: str = "application/grpc", send: bool = True) -> int:
+        stream = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(stream, [(":method", "POST"), (":scheme", "http"), (":path", path),
+                                      (":authority", "health"), ("content-type", content_type), ("te", "trailers")],
+                             end_stream=body is None)
+        if body is not None:
+            self.h2.send_data(stream, body, end_stream=True)
+        if send:
+            self.sock.sendall(self.h2.data_to_send())
+        return stream
+
+    def answers(self, stream: int) -> dict[bytes, bytes]:
+        """The headers and trailers the server ended `stream` with."""
+        found: dict[bytes, bytes] = {}
+        while True:
+            data = self.sock.recv(65536)
+            assert data, "the server closed the connection"
+            for event in self.h2.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)) \
+                        and event.stream_id == stream:
+                    found.update(dict(event.headers))
+                if isinstance(event, h2.events.StreamEnded) and event.stream_id == stream:
+                    return found
+            self.sock.sendall(self.h2.data_to_send())
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _frame(message: bytes) -> bytes:
+    return b"\x00" + struct.pack(">I", len(message)) + message
+
+
+@pytest.mark.parametrize(("path", "body", "content_type", "expected"), [
+    ("/grpc.health.v1.Health/Check", _frame(b"\x0a\x02\xff\xfe"), "application/grpc",
+     {b"grpc-status": b"13", b"grpc-message": b"the requested service name is not UTF-8"}),
+    ("/grpc.health.v1.Health/Check", _frame(b"\x0a" * 2000), "application/grpc", {b"grpc-status": b"8"}),
+    ("/grpc.health.v1.Health/Check", None, "application/grpc", {b"grpc-status": b"13"}),
+    ("/grpc.health.v1.Health/Other", _frame(b""), "application/grpc", {b"grpc-status": b"12"}),
+    ("/grpc.health.v1.Health/Check", b"{}", "application/json", {b":status": b"415"}),
+])
+def test_what_no_grpc_client_sends_gets_a_clear_answer_and_the_connection_serves_on(serve, path, body,
+                                                                                 content_type, expected):
+    server = serve()
+    server.set(True, True)
+    client = RawClient(server.port)
+    try:
+        answer = client.answers(client.call(path, body, content_type))
+        assert expected.items() <= answer.items()
+        answer = client.answers(client.call("/grpc.health.v1.Health/Check", _frame(b"\x0a\x08liveness")))
+        assert answer[b"grpc-status"] == b"0"
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def patient_server(serve, monkeypatch) -> HealthServer:
+    """A serving health server whose connections' deadline is far off: what closes one is a limit."""
+    monkeypatch.setattr(health_server, "CONNECTION_DEADLINE", 60.0)
+    server = serve()
+    server.set(True, True)
+    return server
+
+
+def test_a_client_resetting_streams_as_fast_as_it_can_is_closed(patient_server):
+    client = RawClient(patient_server.port)
+    try:
+        for _ in range(health_server.MAX_STREAMS_PER_CONNECTION + 1):
+            client.h2.reset_stream(client.call("/grpc.health.v1.Health/Check", None, send=False))
+        client.sock.sendall(client.h2.data_to_send())
+        ended = []
+        # Closed long before its deadline: a GOAWAY, unless the kernel's reset overtook it (the server closed
+        # with the client's last frames unread).
+        with contextlib.suppress(h2.exceptions.ProtocolError, ConnectionResetError):
+            while data := client.sock.recv(65536):
+                ended += [e for e in client.h2.receive_data(data) if isinstance(e, h2.events.ConnectionTerminated)]
+        assert [e.error_code for e in ended] in ([], [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM])
+        assert check(patient_server.port) == SERVING
+    finally:
+        client.close()
+
+
+# The client's connection preface and its (empty) SETTINGS frame; then PING frames (type 6) of 8 bytes.
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+PING = bytes([0, 0, 8, 6, 0, 0, 0, 0, 0]) + bytes(8)
+
+
+def test_a_client_that_makes_the_server_write_without_reading_is_closed(patient_server):
+    """PINGs whose acknowledgements it never reads: the server's backlog for it stays bounded."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", patient_server.port))
+        sock.settimeout(20)
+        sock.sendall(PREFACE)
+        started = time.monotonic()
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            while True:
+                sock.sendall(PING * 1024)
+        assert time.monotonic() - started < 20, "closed by its deadline, not by its backlog"
+        assert check(patient_server.port) == SERVING

@@ -1,3 +1,4 @@
+import errno
 import json
 import os
 import pathlib
@@ -409,7 +410,7 @@ def test_a_health_service_that_cannot_start_is_stopped_and_tried_again_at_the_ne
         def start(self):
             FailingFirst.starts += 1
             if FailingFirst.starts == 1:
-                raise RuntimeError("Failed to bind to address unix:/run/x/health.sock")
+                raise OSError(errno.EMFILE, "Too many open files")
 
         def stop(self):
             self.stopped = True
