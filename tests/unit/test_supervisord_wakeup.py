@@ -143,3 +143,62 @@ def test_asked_right_after_its_read_event_it_wakes_nothing_the_turn_still_acts_o
     dispatcher.handle_read_event()
     assert dispatcher.readable() and pending(dispatcher) == b""
     assert dispatcher.readable() and pending(dispatcher) == b"\0"
+
+
+class Process:
+    def __init__(self, state: int) -> None:
+        self.state = state
+
+    def get_state(self) -> int:
+        return self.state
+
+
+@pytest.fixture
+def quiet_supervisord():
+    """A running supervisord stand-in with two programs and a poller that records its timeouts."""
+    from supervisor.states import ProcessStates, SupervisorStates
+
+    timeouts: list[float] = []
+    programs = {"scanner": Process(ProcessStates.RUNNING), "worker-npu-vf1": Process(ProcessStates.STOPPED)}
+    channels = {7: types.SimpleNamespace(delay=0)}  # supervisord's HTTP channel: `delay` while an answer is deferred
+    options = types.SimpleNamespace(mood=SupervisorStates.RUNNING, signal_receiver=types.SimpleNamespace(
+        _signals_recvd=[]), poller=types.SimpleNamespace(poll=lambda timeout: timeouts.append(timeout) or ([], [])),
+        get_socket_map=lambda: channels)
+    supervisord = types.SimpleNamespace(options=options, process_groups={
+        name: types.SimpleNamespace(processes={name: process}) for name, process in programs.items()})
+    supervisord_wakeup.sleep_while_quiet(supervisord)
+    return supervisord, programs, timeouts
+
+
+def test_settled_programs_let_the_loop_sleep_and_anything_on_its_way_brings_the_second_back(quiet_supervisord):
+    from supervisor.states import ProcessStates, SupervisorStates
+
+    supervisord, programs, timeouts = quiet_supervisord
+    poll = supervisord.options.poller.poll
+    assert poll(1) == ([], []) and timeouts == [supervisord_wakeup.QUIET_POLL_SECONDS]
+    for state in (ProcessStates.STARTING, ProcessStates.BACKOFF, ProcessStates.STOPPING, ProcessStates.EXITED):
+        programs["scanner"].state = state
+        poll(1)
+    programs["scanner"].state = ProcessStates.FATAL
+    poll(1)
+    supervisord.options.signal_receiver._signals_recvd.append(signal.SIGCHLD)
+    poll(1)
+    supervisord.options.signal_receiver._signals_recvd.clear()
+    supervisord.options.get_socket_map()[7].delay = 0.05
+    poll(1)
+    supervisord.options.get_socket_map()[7].delay = 0
+    supervisord.options.mood = SupervisorStates.SHUTDOWN
+    poll(1)
+    del supervisord.process_groups  # another supervisord: its own timeout, never an error
+    supervisord.options.mood = SupervisorStates.RUNNING
+    poll(1)
+    assert timeouts[1:] == [1, 1, 1, 1, supervisord_wakeup.QUIET_POLL_SECONDS, 1, 1, 1, 1]
+
+
+def test_a_reload_wraps_the_poller_once_for_the_new_supervisor(quiet_supervisord):
+    supervisord, _, timeouts = quiet_supervisord
+    reloaded = types.SimpleNamespace(options=supervisord.options, process_groups={})  # a new Supervisor
+    supervisord_wakeup.sleep_while_quiet(reloaded)
+    supervisord.options.poller.poll(1)
+    assert timeouts == [supervisord_wakeup.QUIET_POLL_SECONDS]
+    assert supervisord.options.poller.poll.unwrapped.__name__ == "<lambda>"
