@@ -91,18 +91,15 @@ def _preparer(settings: Settings, api: LazyApi, inventory: InventoryState,
         on_stale_unprepared=metrics.stale_claim_unprepared)), checkpoint
 
 
-def _servers(settings: Settings, plugin: DraPlugin, health_watch: HealthWatch,
-             registration: RegistrationService) -> tuple[UnixServer, UnixServer]:
+def _server(settings: Settings, plugin: DraPlugin, health_watch: HealthWatch,
+            registration: RegistrationService) -> UnixServer:
     """The DRA socket (the DRA and health services) and the registration socket, not started yet."""
-    def dra_services(server: grpc.Server) -> None:
+    def services(server: grpc.Server) -> None:
         add_services(server, plugin)
         add_health_services(server, health_watch)
+        registration_grpc.add_RegistrationServicer_to_server(registration, server)
 
-    dra_server = UnixServer(settings.dra_socket, dra_services, "dra")
-    registration_server = UnixServer(
-        settings.dra_registration_socket,
-        lambda server: registration_grpc.add_RegistrationServicer_to_server(registration, server), "registration")
-    return dra_server, registration_server
+    return UnixServer(settings.dra_socket, services, "dra", announced=settings.dra_registration_socket)
 
 
 def main() -> None:
@@ -141,12 +138,11 @@ def main() -> None:
                        claim_status=ClaimStatusWriter(api, settings.node_name, inventory.current))
     health_watch = HealthWatch(health, settings.node_name, StreamTracker(on_change=report))
 
-    dra_server, registration_server = _servers(settings, plugin, health_watch, registration)
+    server = _server(settings, plugin, health_watch, registration)
     context = zmq.Context()
     subscribers = _follow_inventories(context, settings, inventory)
     try:
-        dra_server.start()
-        registration_server.start()
+        server.start()
         logger.info("Serving the DRA plugin", driver=DRA_DRIVER, endpoint=str(settings.dra_socket),
                     registrationSocket=str(settings.dra_registration_socket), checkpoint=str(checkpoint.path))
         publisher.start()
@@ -154,8 +150,7 @@ def main() -> None:
         while not shutdown.wait(settings.device_scan_interval):
             report()
     finally:
-        registration_server.stop()
-        dra_server.stop()
+        server.stop()
         publisher.stop()
         for subscriber in subscribers:
             subscriber.stop()

@@ -44,3 +44,29 @@ def test_a_stale_file_is_replaced_the_service_answers_and_stop_removes_the_socke
     finally:
         server.stop()
     assert not path.exists()
+
+
+def test_the_announced_socket_appears_by_its_name_only_once_served_from_the_same_server(short_dir):
+    registry, plugins = short_dir / "registry", short_dir / "plugins"
+    registry.mkdir()
+    announced = registry / "npu.rebellions.ai-reg.sock"
+    announced.write_text("left by a killed instance")
+    service = RegistrationService(plugins / "dra.sock")
+    seen_before_start: list[list[str]] = []
+
+    def services(server):
+        api_pb2_grpc.add_RegistrationServicer_to_server(service, server)
+        seen_before_start.append(sorted(p.name for p in registry.iterdir()))
+
+    server = UnixServer(plugins / "dra.sock", services, "test", announced=announced)
+    server.start()
+    try:
+        assert seen_before_start == [["npu.rebellions.ai-reg.sock"]]  # the stale file, until start() replaces it
+        assert sorted(p.name for p in registry.iterdir()) == ["npu.rebellions.ai-reg.sock"]  # no hidden name left
+        for path in (announced, plugins / "dra.sock"):
+            with grpc.insecure_channel(f"unix://{path}") as channel:
+                info = api_pb2_grpc.RegistrationStub(channel).GetInfo(api_pb2.InfoRequest(), timeout=5)
+                assert info.endpoint == str(plugins / "dra.sock")
+    finally:
+        server.stop()
+    assert list(registry.iterdir()) == [] and not (plugins / "dra.sock").exists()
