@@ -125,10 +125,12 @@ def main() -> None:
     preparer, checkpoint = _preparer(settings, api, inventory, metrics)
     registration = RegistrationService(settings.dra_socket)
 
+    status = status_records.ChangeWriter(settings.run_dir, WORKER_DRA)
+
     def report() -> None:
         """The status file the probes, metrics and `status` read; after every call and every scan interval."""
         metrics.flush()
-        status_records.write(settings.run_dir, WORKER_DRA, DraStatus(
+        status.write(DraStatus(
             registered=registration.registered.is_set(), prepared_claims=preparer.prepared_count(),
             slice_generation=publisher.generation, devices=len(inventory.current().devices),
             health_streams=health_watch.streams.open_streams, tainted_devices=publisher.tainted))

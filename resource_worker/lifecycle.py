@@ -208,7 +208,7 @@ class Worker:
         self._waiting_for: str | None = None  # the reason for not being registered last logged
         self._backoff = Backoff()
         self._socket_lookup = Backoff()  # the pause between looks for kubelet.sock while handing over
-        self._reported: WorkerStatus | None = None
+        self._status = status_records.ChangeWriter(run_dir, resource.process_name)
         # Set by the subscriber thread: when the scan behind the current inventory ran (CLOCK_MONOTONIC, s).
         self._scanned_at: float | None = None
 
@@ -258,16 +258,13 @@ class Worker:
         """Keep the status file (read by the watchdog's probes and metrics, and by `status`) current."""
         devices = self.table.devices()
         healthy = sum(1 for d in devices if d.healthy)
-        status = WorkerStatus(resource=self._resource.value, registered=self._situation is Situation.REGISTERED,
-                              streams=self._server.streams.open_streams if self._server else 0,
-                              endpoint=self._server.socket_name if self._server else None,
-                              scanned_at=self._scanned_at, device_count=len(devices), healthy_count=healthy,
-                              unhealthy_count=len(devices) - healthy, cdi_resolvable=self.table.cdi_resolvable,
-                              devices={d.device_id: DeviceState(d.health.health.value, d.health.status.name)
-                                       for d in devices})
-        if status != self._reported:
-            status_records.write(self._run_dir, self._resource.process_name, status)
-            self._reported = status
+        self._status.write(WorkerStatus(
+            resource=self._resource.value, registered=self._situation is Situation.REGISTERED,
+            streams=self._server.streams.open_streams if self._server else 0,
+            endpoint=self._server.socket_name if self._server else None,
+            scanned_at=self._scanned_at, device_count=len(devices), healthy_count=healthy,
+            unhealthy_count=len(devices) - healthy, cdi_resolvable=self.table.cdi_resolvable,
+            devices={d.device_id: DeviceState(d.health.health.value, d.health.status.name) for d in devices}))
 
     def _step(self) -> float | None:
         # The kubelet's replacement is known one way: kubelet.sock's identity, looked at once per step, against

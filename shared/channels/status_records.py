@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -219,3 +220,20 @@ def write(run_dir: pathlib.Path, process: str, record: StatusRecord) -> None:
     if not isinstance(record, record_kind(process)):
         raise TypeError(f"{process}'s status is a {record_kind(process).__name__}, not a {type(record).__name__}")
     status_files.write_status(run_dir, process, record.to_json())
+
+
+class ChangeWriter:
+    """Writes `process`'s records, each only if it differs from the last one written: every write wakes the
+    watchdog, which reads the file again. Any thread may write."""
+
+    def __init__(self, run_dir: pathlib.Path, process: str):
+        self._run_dir = run_dir
+        self._process = process
+        self._lock = threading.Lock()  # guards _last, and keeps two threads' writes in order
+        self._last: StatusRecord | None = None
+
+    def write(self, record: StatusRecord) -> None:
+        with self._lock:
+            if record != self._last:
+                write(self._run_dir, self._process, record)
+                self._last = record

@@ -20,6 +20,7 @@ from shared.channels.status_records import (
     decode,
     decode_scanner,
 )
+from shared.programs import WORKER_DRA
 
 SCANNER = ScannerStatus({"rebellions.ai/npu": 4, "rebellions.ai/npu-vf1": 0}, "rbln-smi not found", 12.5,
                         CdiCheck("rebellions.ai/npu=runtime", False, ("/etc/cdi/a.yaml",), (),
@@ -121,3 +122,15 @@ def test_any_json_document_decodes_or_reads_as_no_status():
         for process in RECORDS:
             record = decode(process, json.loads(json.dumps(document)))
             assert record is None or record.stamp is not None
+
+
+def test_a_change_writer_rewrites_the_file_only_when_the_record_changed(tmp_path):
+    writer = status_records.ChangeWriter(tmp_path, WORKER_DRA)
+    writer.write(DraStatus(registered=True, devices=8))
+    path = tmp_path / f"status-{WORKER_DRA}.json"
+    first = os.stat(path).st_ino
+    writer.write(DraStatus(registered=True, devices=8))
+    assert os.stat(path).st_ino == first, "the same record wrote nothing (no replacement to wake a reader)"
+    writer.write(DraStatus(registered=True, devices=7))
+    assert os.stat(path).st_ino != first
+    assert status_records.decode(WORKER_DRA, status_files.read_status(tmp_path, WORKER_DRA)).devices == 7
