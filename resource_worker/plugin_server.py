@@ -18,17 +18,15 @@ from typing import TYPE_CHECKING
 import grpc
 from loguru import logger
 
-from resource_worker.allocation import Allocator
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.kubelet.plugin_socket import new_socket_name
 from shared.kubelet.streams import StreamTracker
-from shared.observability.metrics import Recorder
-from shared.observability.tracing import AllocationTracer
 
 if TYPE_CHECKING:
+    from resource_worker.allocation_calls import AllocationCalls
     from resource_worker.plugin_socket_watch import SocketWatch
 
 # Each open ListAndWatch pins a thread; leave room for several streams plus unary calls.
@@ -37,12 +35,13 @@ STOP_GRACE = 1.0
 
 
 class PluginServer:
-    def __init__(self, table: DeviceTable, allocator: Allocator, plugin_dir: pathlib.Path,
-                 on_change: Callable[[], None], tracer: AllocationTracer, metrics: Recorder,
-                 socket_watch: SocketWatch | None = None):
-        """`on_change`: called whenever a stream opens or ends and, from the first Register on, whenever the
-        socket file may have gone. `socket_watch`: the process's own unless given."""
+    def __init__(self, table: DeviceTable, calls: Callable[[], AllocationCalls], plugin_dir: pathlib.Path,
+                 on_change: Callable[[], None], socket_watch: SocketWatch | None = None):
+        """`calls`: what answers GetPreferredAllocation and Allocate (made at its first call, which may wait
+        for it). `on_change`: called whenever a stream opens or ends and, from the first Register on, whenever
+        the socket file may have gone. `socket_watch`: the process's own unless given."""
         self._table = table
+        self._calls = calls
         self._on_change = on_change
         self._socket_watch = socket_watch
         self._watch: int | None = None
@@ -53,7 +52,7 @@ class PluginServer:
         self._handlers = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc-device-plugin")
         self._server = grpc.server(self._handlers)
         api_pb2_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(table, allocator, self.streams, self._stopping, tracer, metrics), self._server)
+            DevicePluginServicer(table, calls, self.streams, self._stopping), self._server)
 
     def serve(self) -> None:
         old_umask = os.umask(0o077)  # the socket file is created owner-only
@@ -68,6 +67,9 @@ class PluginServer:
         registration = Registration(kubelet_socket, self.socket_name, self._table.resource.value, OPTIONS, on_done)
         if self._watch is None:
             self._watch_socket()
+        # Made now, with the first Register on its way, rather than before it: no kubelet asks a plugin to
+        # allocate before it has registered it.
+        self._calls()
         return registration
 
     def _watch_socket(self) -> None:

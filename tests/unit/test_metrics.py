@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubelet_watchdog.metrics_files import ProcessFilesCollector, file_pid, is_running
-from resource_worker import servicer as servicer_module
+from resource_worker import allocation_calls
+from resource_worker.allocation_calls import AllocationCalls
 from resource_worker.servicer import DevicePluginServicer
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2
 from shared.kubelet.streams import StreamTracker
@@ -362,8 +363,8 @@ class FakeContext:
 def servicer(tmp_path, **groups) -> tuple[DevicePluginServicer, FakeRecorder]:
     allocator, _ = make_allocator(tmp_path, **groups)
     recorder = FakeRecorder()
-    return DevicePluginServicer(allocator._table, allocator, StreamTracker(), threading.Event(),
-                                AllocationTracer(), recorder), recorder
+    calls = AllocationCalls(allocator._table, allocator, AllocationTracer(), recorder)
+    return DevicePluginServicer(allocator._table, lambda: calls, StreamTracker(), threading.Event()), recorder
 
 
 def allocate_request(*containers: list[str]) -> api_pb2.AllocateRequest:
@@ -438,7 +439,7 @@ def test_an_allocate_whose_answer_cannot_be_built_fails_as_internal_and_counts_a
     def broken(allocation):
         raise ValueError("annotation value is not a string")
 
-    monkeypatch.setattr(servicer_module, "container_response", broken)
+    monkeypatch.setattr(allocation_calls, "container_response", broken)
     context = FakeContext()
     with pytest.raises(Aborted, match="annotation value is not a string"):
         served.Allocate(allocate_request(["rbln0"]), context)

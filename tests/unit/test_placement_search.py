@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from loguru import logger
 
 from bench.placement_nodes import irregular_node
+from resource_worker.allocation_calls import AllocationCalls
 from resource_worker.device_table import DeviceTable
 from resource_worker.placement import PlacementCheckError, place, score
 from resource_worker.placement import api as placement_api
@@ -18,7 +19,6 @@ from resource_worker.placement.incumbent import first_selection
 from resource_worker.placement.pool import tables_for
 from resource_worker.placement.score import Bound, Score, SplitScore
 from resource_worker.placement.state import RequestClasses
-from resource_worker.servicer import DevicePluginServicer
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2
 from shared.observability.metrics import Recorder
 from shared.resources import Resource
@@ -187,7 +187,7 @@ class _Context:
 def _preferred(servicer, ids, size):
     request = api_pb2.PreferredAllocationRequest(container_requests=[api_pb2.ContainerPreferredAllocationRequest(
         available_deviceIDs=ids, allocation_size=size)])
-    return list(servicer.GetPreferredAllocation(request, _Context()).container_responses[0].deviceIDs)
+    return list(servicer.preferred_allocation(request, _Context()).container_responses[0].deviceIDs)
 
 
 def test_the_servicer_weighs_the_records_of_the_latest_scan():
@@ -201,8 +201,7 @@ def test_the_servicer_weighs_the_records_of_the_latest_scan():
                                      for i, sid in enumerate(sids)))
     table = DeviceTable(Resource.NPU)
     table.apply(scanned(["SN0", "SN1", "SN2", "SN3"]))
-    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None,
-                                    metrics=Recorder(None))
+    servicer = AllocationCalls(table, allocator=None, tracer=None, metrics=Recorder(None))
     assert _preferred(servicer, ids, 2) == ["rbln0", "rbln1"]
     assert _preferred(servicer, ids, 2) == ["rbln0", "rbln1"]
     table.apply(scanned(["SN0", "SN1", "CARD", "CARD"]))
@@ -214,17 +213,16 @@ def test_the_servicer_falls_back_to_the_kubelet_when_the_check_fires(monkeypatch
     table.apply(message(devices=tuple(record(f"rbln{i}", npu=i, bus_id=f"0000:{3 + i:02x}:00.0",
                                                           pci_path=("pci0000:00", f"0000:{3 + i:02x}:00.0"))
                                                    for i in range(4))))
-    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None,
-                                    metrics=Recorder(None))
+    servicer = AllocationCalls(table, allocator=None, tracer=None, metrics=Recorder(None))
     request = api_pb2.PreferredAllocationRequest(container_requests=[api_pb2.ContainerPreferredAllocationRequest(
         available_deviceIDs=["rbln0", "rbln1", "rbln2", "rbln3"], allocation_size=2)])
     records = []
     sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
     try:
-        assert list(servicer.GetPreferredAllocation(request, _Context()).container_responses[0].deviceIDs) == \
+        assert list(servicer.preferred_allocation(request, _Context()).container_responses[0].deviceIDs) == \
             ["rbln0", "rbln1"]
         _broken_search(monkeypatch, lambda ids: ids + ids)
-        assert list(servicer.GetPreferredAllocation(request, _Context()).container_responses[0].deviceIDs) == []
+        assert list(servicer.preferred_allocation(request, _Context()).container_responses[0].deviceIDs) == []
     finally:
         logger.remove(sink)
     fallbacks = [r for r in records if r["message"] == "Preferred allocation fallback to kubelet"]
@@ -239,9 +237,8 @@ def test_a_search_the_work_bound_cuts_is_told_in_a_debug_record_and_still_answer
                                              bus_id=f"0000:{3 + i:02x}:00.0",
                                              pci_path=("pci0000:00", f"0000:{3 + i:02x}:00.0"))
                                       for i in range(8))))
-    servicer = DevicePluginServicer(table, allocator=None, streams=None, stopping=None, tracer=None,
-                                    metrics=Recorder(None))
-    monkeypatch.setattr("resource_worker.servicer.place", lambda *args: place(*args, budget=1))
+    servicer = AllocationCalls(table, allocator=None, tracer=None, metrics=Recorder(None))
+    monkeypatch.setattr("resource_worker.allocation_calls.place", lambda *args: place(*args, budget=1))
     records = []
     sink = logger.add(lambda m: records.append(m.record), level="DEBUG")
     try:
