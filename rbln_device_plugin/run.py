@@ -16,7 +16,7 @@ from typing import Any
 from rbln_device_plugin.mode_exclusivity import other_mode_conflict
 from shared.config import OPTIONS, RUN_DIR_ENV, ConfigError, Settings
 from shared.fs.safe_open import ensure_private_dir
-from shared.observability.metrics import reset_metrics_dir
+from shared.observability.metrics_dir import reset_metrics_dir
 from shared.programs import autostart_environment
 from shared.supervision import transport
 

@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from shared.cdi.annotation import CdiAnnotation
-from shared.channels import inventory_protocol
 from shared.durations import format_duration, parse_duration
 from shared.kubelet.plugin_socket import longest_socket_name
 
+# The scanner's inventory channel (shared/channels/inventory_protocol.py): its two sockets in the run dir.
+INVENTORY_UPDATES_SOCKET = "inventory-updates.ipc"
+INVENTORY_SNAPSHOT_SOCKET = "inventory-snapshot.ipc"
 # supervisord's control socket in the run dir (supervisor.conf names it too).
 SUPERVISOR_SOCKET = "supervisor.sock"
 # supervisord binds "<socket>.<its pid>" first and then links it to the socket's name: its longest
@@ -303,8 +305,7 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(f"invalid {option.env} {text!r}: {exc}") from None
         _check_socket_room(values["kubelet_device_plugin_path"], longest_socket_name(), "KUBELET_DEVICE_PLUGIN_PATH")
-        run_dir_sockets = (inventory_protocol.UPDATES_SOCKET, inventory_protocol.SNAPSHOT_SOCKET,
-                           SUPERVISOR_SOCKET_WHILE_BINDING)
+        run_dir_sockets = (INVENTORY_UPDATES_SOCKET, INVENTORY_SNAPSHOT_SOCKET, SUPERVISOR_SOCKET_WHILE_BINDING)
         _check_socket_room(values["run_dir"], max(run_dir_sockets, key=len), RUN_DIR_ENV)
         _check_socket_room(values["kubelet_plugins_path"] / DRA_DRIVER, dra_socket_name(values["pod_uid"]),
                            "KUBELET_PLUGINS_PATH")

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 
+from shared.config import INVENTORY_SNAPSHOT_SOCKET, INVENTORY_UPDATES_SOCKET
 from shared.node.device_record import BUS_ID_PATTERN, DeviceRecord, is_valid_device_id
 from shared.node.driver_status import StatusReading
 from shared.resources import Resource
@@ -53,13 +54,9 @@ class InventoryMessage:
     driver_version: str = ""
 
 
-UPDATES_SOCKET = "inventory-updates.ipc"
-SNAPSHOT_SOCKET = "inventory-snapshot.ipc"
-
-
 def endpoints(run_dir: pathlib.Path) -> tuple[str, str]:
     """(updates PUB endpoint, snapshot ROUTER endpoint) inside the private run dir."""
-    return f"ipc://{run_dir / UPDATES_SOCKET}", f"ipc://{run_dir / SNAPSHOT_SOCKET}"
+    return f"ipc://{run_dir / INVENTORY_UPDATES_SOCKET}", f"ipc://{run_dir / INVENTORY_SNAPSHOT_SOCKET}"
 
 
 def restrict_endpoint(endpoint: str) -> None:

@@ -26,7 +26,6 @@ import dataclasses
 import enum
 import os
 import pathlib
-import shutil
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
@@ -34,8 +33,8 @@ from shared.config import RUN_DIR_ENV
 from shared.fence import prometheus_value_files
 from shared.fs.safe_open import ensure_private_dir
 from shared.observability.metric_kinds import Kind
+from shared.observability.metrics_dir import metrics_dir
 
-METRICS_DIR_NAME = "metrics"
 PATH = "/metrics"
 
 
@@ -139,21 +138,6 @@ DRA_ONLY_FAMILIES = (DRA_PREPARES, DRA_SLICE_PUBLISHES, DRA_PREPARED_CLAIMS, DRA
 
 # Far more events than a process makes between two flushes (an Allocate makes four).
 _MAX_PENDING = 4096
-
-
-def metrics_dir(run_dir: pathlib.Path) -> pathlib.Path:
-    """Where the processes' value files are: inside the private run dir."""
-    return run_dir / METRICS_DIR_NAME
-
-
-def reset_metrics_dir(run_dir: pathlib.Path, enabled: bool) -> None:
-    """At the start of the stack: no value file of an earlier run may count again (a container restarted
-    in the same pod finds its run dir as it left it)."""
-    directory = metrics_dir(run_dir)
-    if directory.exists():
-        shutil.rmtree(directory)
-    if enabled:
-        ensure_private_dir(directory, RUN_DIR_ENV)
 
 
 class Recorder:

@@ -22,7 +22,8 @@ from resource_worker.servicer import DevicePluginServicer
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2
 from shared.kubelet.streams import StreamTracker
 from shared.observability import metrics
-from shared.observability.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for, reset_metrics_dir
+from shared.observability.metrics import EVENT_FAMILIES, Recorder, Result, recorder_for
+from shared.observability.metrics_dir import reset_metrics_dir
 from shared.observability.tracing import AllocationTracer
 from shared.resources import Resource
 from tests.support.allocators import make_allocator
