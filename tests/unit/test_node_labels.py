@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from scanner import node_labels as nl
 from scanner.discovery import scan
 from scanner.feature_file import FeatureFile, parse
+from scanner.main import NodeLabeller
 from scanner.node_labels import NodeFacts, derive_labels, family_of, parse_driver_version
-from scanner.outputs import NodeLabeller
 from shared.node.rbln_smi import RblnSmi
 from simulator.node import KMD_VERSION, SimulatedNode, build_node
 from simulator.spec import NodeSpec, PfSpec

@@ -1,17 +1,15 @@
-"""The scanner's start: its first scan asks for its workers before anything else is loaded, and is published
-before anything it can do later (scanner.main.run), on a simulated node with the real publisher."""
+"""The scanner's start: its first scan is published before anything it can do later (scanner.main.run), on a
+simulated node with the real publisher."""
 
 from __future__ import annotations
 
 import pathlib
 import shutil
-import sys
 import tempfile
 
 import pytest
 
 from scanner import main as scanner_main
-from scanner.publisher import InventoryPublisher
 from shared.config import Settings
 from shared.observability.metrics import Recorder
 from shared.resources import Resource
@@ -27,18 +25,12 @@ def node_root():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_the_first_scan_asks_for_its_workers_then_is_published_before_the_metrics_families_are_made(
-        node_root, monkeypatch):
+def test_the_first_scan_is_published_before_the_metrics_families_are_made(node_root, monkeypatch):
     node = build_node(node_root, NodeSpec.parse("2"))
     settings = Settings.from_environ(node.env())
     shutdown = ShutdownSignal({})
     events: list[str] = []
-    publish = InventoryPublisher.publish
-
-    class NotingDemand:
-        def follow(self, counts, failed):
-            zmq_loaded = "zmq" in sys.modules and "scanner.outputs" in sys.modules
-            events.append(f"demand {counts[Resource.NPU]}{' (after ZeroMQ)' if zmq_loaded else ''}")
+    publish = scanner_main.InventoryPublisher.publish
 
     def publish_and_note(publisher, message):
         events.append(f"publish {message.resource.value}")
@@ -54,8 +46,6 @@ def test_the_first_scan_asks_for_its_workers_then_is_published_before_the_metric
             super().flush()
             shutdown.request()  # one scan is enough
 
-    monkeypatch.setattr(InventoryPublisher, "publish", publish_and_note)
-    monkeypatch.setattr(scanner_main, "worker_demand", lambda settings: NotingDemand())
-    monkeypatch.delitem(sys.modules, "scanner.outputs", raising=False)
+    monkeypatch.setattr(scanner_main.InventoryPublisher, "publish", publish_and_note)
     scanner_main.run(settings, shutdown, NotingRecorder(None))
-    assert events == ["demand 2", *(f"publish {resource.value}" for resource in Resource), "load", "flush"]
+    assert events == [f"publish {resource.value}" for resource in Resource] + ["load", "flush"]
