@@ -79,8 +79,13 @@ def _quiet(supervisord: Any) -> bool:
     if any(getattr(dispatcher, "delay", 0) for dispatcher in options.get_socket_map().values()):
         return False
     settled = (ProcessStates.RUNNING, ProcessStates.STOPPED, ProcessStates.FATAL)
-    return all(process.get_state() in settled
-               for group in supervisord.process_groups.values() for process in group.processes.values())
+    for group in supervisord.process_groups.values():
+        for process in group.processes.values():
+            state = process.get_state()
+            if state not in settled or (state == ProcessStates.STOPPED and process.config.autostart
+                                        and not process.laststart):
+                return False  # on its way somewhere, or an autostart program still to be started
+    return True
 
 
 def sleep_while_quiet(supervisord: Any) -> None:

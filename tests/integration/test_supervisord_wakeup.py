@@ -81,8 +81,10 @@ class ProbedSupervisord:
         """The program's pid, once it has closed its streams and supervisord has seen them end."""
         wait_until(self.closed.exists, TIMEOUT, "the program to close its streams")
         seen = len(self.records())
-        # A poll that timed out after that: the ends of the streams were no longer pending.
-        wait_until(lambda: "timed out" in self.records()[seen:], TIMEOUT, "supervisord's loop to settle")
+        # A poll that timed out after that, or the loop in a poll with the quiet timeout (every program
+        # settled): the ends of the streams are no longer pending.
+        wait_until(lambda: "timed out" in self.records()[seen:] or self.records()[-1:] == ["quiet"], TIMEOUT,
+                   "supervisord's loop to settle")
         (spawned,) = [line for line in self.records() if line.startswith("spawned silent ")]
         return int(spawned.split()[-1])
 

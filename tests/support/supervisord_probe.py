@@ -2,6 +2,8 @@
 
 - `woken` / `timed out`: a poll of the loop returned because a descriptor was ready, or after its
   timeout (1 s) with none;
+- `quiet`: a poll begins with a longer timeout (the wake-up hook's while every program is settled): the loop
+  has nothing pending;
 - `spawned <name> <pid>`: it started a program; `reaped <pid>`: it collected an exited child.
 
     python -m tests.support.supervisord_probe -n -c <conf>
@@ -30,6 +32,8 @@ _spawn = process.Subprocess.spawn
 
 
 def _recorded_poll(self, timeout):
+    if timeout > 1:
+        _record("quiet")
     readable, writable = _poll(self, timeout)
     _record("woken" if readable or writable else "timed out")
     return readable, writable

@@ -146,8 +146,10 @@ def test_asked_right_after_its_read_event_it_wakes_nothing_the_turn_still_acts_o
 
 
 class Process:
-    def __init__(self, state: int) -> None:
+    def __init__(self, state: int, autostart: bool = False, laststart: float = 0.0) -> None:
         self.state = state
+        self.config = types.SimpleNamespace(autostart=autostart)
+        self.laststart = laststart
 
     def get_state(self) -> int:
         return self.state
@@ -181,6 +183,10 @@ def test_settled_programs_let_the_loop_sleep_and_anything_on_its_way_brings_the_
         poll(1)
     programs["scanner"].state = ProcessStates.FATAL
     poll(1)
+    programs["worker-npu-vf1"].config.autostart = True  # never started yet: the next turn starts it
+    poll(1)
+    programs["worker-npu-vf1"].laststart = 1.0
+    poll(1)
     supervisord.options.signal_receiver._signals_recvd.append(signal.SIGCHLD)
     poll(1)
     supervisord.options.signal_receiver._signals_recvd.clear()
@@ -192,7 +198,8 @@ def test_settled_programs_let_the_loop_sleep_and_anything_on_its_way_brings_the_
     del supervisord.process_groups  # another supervisord: its own timeout, never an error
     supervisord.options.mood = SupervisorStates.RUNNING
     poll(1)
-    assert timeouts[1:] == [1, 1, 1, 1, supervisord_wakeup.QUIET_POLL_SECONDS, 1, 1, 1, 1]
+    assert timeouts[1:] == [1, 1, 1, 1, supervisord_wakeup.QUIET_POLL_SECONDS, 1, supervisord_wakeup.QUIET_POLL_SECONDS,
+                            1, 1, 1, 1]
 
 
 def test_a_reload_wraps_the_poller_once_for_the_new_supervisor(quiet_supervisord):
