@@ -8,6 +8,13 @@ the pod's service account, or the kubeconfig file KUBECONFIG names. A call that 
 pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
 server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 
+One connection to the API server per worker, as client-go keeps: HTTP/2 (offered in TLS's ALPN; a server that
+does not take it is spoken HTTP/1.1 to, a connection for the watch and one for the calls) multiplexes the watch and
+every call, so a write after a quiet while costs the API server no new TLS handshake and token review
+(docs/dra.md#publishing-and-its-api-cost). The watcher and the publisher are two threads on that one
+connection: its reads are taken in turn (shared/fence/httpcore_fair_reads.py), else a reply the watcher read for
+the publisher stays unseen while the watch is quiet.
+
 ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
 second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
 last version it saw, and raises what ends it otherwise. Two requests need what lightkube's public calls cannot
@@ -26,6 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from shared.config import DRA_DRIVER
+from shared.fence.httpcore_fair_reads import fair_reads
 from shared.fence.lightkube_requests import delete_with_preconditions, uncompressed, watch_list
 
 T = TypeVar("T")
@@ -91,8 +99,9 @@ class KubeApi:
 
         config: KubeConfig | SingleConfig = (KubeConfig.from_file(kubeconfig) if kubeconfig is not None
                                              else KubeConfig.from_service_account())
+        fair_reads()
         self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
-                              trust_env=False)
+                              trust_env=False, http2=True)
         uncompressed(self._client)
         self._sleep = sleep
         self._clock = clock
