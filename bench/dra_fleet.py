@@ -7,9 +7,11 @@ release, in one process on loopback; built here unless --harness names the binar
 publishers of the same N nodes, one after the other, each in a process of its own:
 
 - `python`: N instances of worker-dra's own publisher (dra_worker.publisher.SlicePublisher with its own
-  dra_worker.kube.KubeApi client each: one connection per node), in one Python process;
+  dra_worker.kube.KubeApi client each: one connection per node), spread over as many Python processes as the
+  machine has cores (a node runs its publisher in a process of its own; one Python process, held to one core
+  by its interpreter lock, would measure the benchmark's packing, not the publisher);
 - `go`: N instances of Kubernetes' `k8s.io/dynamic-resource-allocation/resourceslice` controller of the same
-  release (`dra-harness publishers`), a client each, in one Go process.
+  release (`dra-harness publishers`), a client each, in one Go process (which runs on every core).
 
 Every node publishes one pool of the same 8 NPUs (the devices worker-dra publishes for an 8-NPU node). Phases,
 each a row: `start` (until every node's slices are right), `rest` (nothing changes; 5 minutes, `--quick` 1),
@@ -20,8 +22,8 @@ verb (the API server's own `apiserver_request_total`, which counts a watch when 
 it; its counters start again at a restart; the benchmark's own LISTs that check the slices are left out),
 requests per node-hour beyond the watch, the API server's CPU seconds (etcd's included: one process) and the
 seconds until right.
-The publishers' own process: CPU seconds and RSS at the end of the run. Goals: no row worse than the Go
-controller's, and at rest <= 1 request per node-hour beyond the watch.
+The publishers' own processes: CPU seconds and RSS (summed over a side's processes) at the end of the run.
+Goals: no row worse than the Go controller's, and at rest <= 1 request per node-hour beyond the watch.
 
 `--profile DIR` says where the API server's CPU goes and what the publishers' connections are: kube-apiserver
 profiles itself (/debug/pprof/profile) for PROFILE_SECONDS from the start of each `start` and `change` row (the
@@ -141,33 +143,49 @@ def serve_python(kubeconfig: str) -> None:
 
 
 class Publishers:
-    """One side's process, driven with JSON lines."""
+    """One side's processes (`processes` of `argv` each), driven with JSON lines: a `start` command's nodes are
+    shared out among them, every other command goes to each, and their answers' counts are added up."""
 
-    def __init__(self, argv: list[str], log: pathlib.Path):
+    def __init__(self, argv: list[str], log: pathlib.Path, processes: int = 1):
         self._log = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      text=True, bufsize=1)
+        self._procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                        text=True, bufsize=1) for _ in range(processes)]
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
+    def pids(self) -> set[int]:
+        return {proc.pid for proc in self._procs}
 
     def request(self, **command: Any) -> dict[str, Any]:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps(command) + "\n")
-        answer = json.loads(self._proc.stdout.readline() or '{"ok": false, "error": "the process ended"}')
-        if not answer.pop("ok"):
-            raise RuntimeError(f"{command['cmd']}: {answer.get('error')}")
-        return answer
+        for index, proc in enumerate(self._procs):  # all at once: each works while the next is told
+            assert proc.stdin is not None
+            part = ({**command, "nodes": command["nodes"][index::len(self._procs)]} if command["cmd"] == "start"
+                    else command)
+            proc.stdin.write(json.dumps(part) + "\n")
+        total: dict[str, Any] = {}
+        for proc in self._procs:
+            assert proc.stdout is not None
+            answer = json.loads(proc.stdout.readline() or '{"ok": false, "error": "the process ended"}')
+            if not answer.pop("ok"):
+                raise RuntimeError(f"{command['cmd']}: {answer.get('error')}")
+            for key, value in answer.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def cpu_seconds(self) -> float:
+        return sum(common.own_cpu_seconds(pid) for pid in self.pids)
+
+    def rss_kb(self) -> int:
+        return sum(common.memory(pid).rss_kb for pid in self.pids)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.request(cmd="stop")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(30)
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        for proc in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         self._log.close()
 
 
@@ -303,14 +321,14 @@ def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: 
                      "phase": phase})
         return rows[-1]
 
-    with measured(fleet, start := row("start"), count), profiled(fleet, start, profile, {publishers.pid}):
+    with measured(fleet, start := row("start"), count), profiled(fleet, start, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="start", driver=DRA_DRIVER, nodes=nodes, devices=devices[0])
         start["until_right_s"] = round(time.monotonic() - started + _await(
             lambda: fleet.slices_right(names, devices[0]), CONVERGE_TIMEOUT, "every node published"), 2)
     with measured(fleet, row("rest"), count):
         time.sleep(rest)  # the quiet being measured
-    with measured(fleet, change := row("change"), count), profiled(fleet, change, profile, {publishers.pid}):
+    with measured(fleet, change := row("change"), count), profiled(fleet, change, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="update", devices=devices[1])
         change["until_right_s"] = round(time.monotonic() - started + _await(
@@ -327,10 +345,9 @@ def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: 
     restart["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
     with contextlib.suppress(Exception):
         restart.update(publishers.request(cmd="stats"))
-    memory = common.memory(publishers.pid)
     rows.append({"benchmark": f"dra_fleet/{side}/{count}/publishers", "side": side, "nodes": count,
-                 "phase": "publishers", "cpu_s": round(common.own_cpu_seconds(publishers.pid), 2),
-                 "rss_mib": round(memory.rss_kb / 1024, 1)})
+                 "phase": "publishers", "cpu_s": round(publishers.cpu_seconds(), 2),
+                 "rss_mib": round(publishers.rss_kb() / 1024, 1)})
     return rows
 
 
@@ -359,10 +376,13 @@ def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = 
         try:
             for count in nodes:
                 for side in sides:
-                    argv = ([str(binary), "publishers", f"-kubeconfig={server.admin_kubeconfig}"] if side == "go"
-                            else [sys.executable, str(pathlib.Path(__file__).resolve()), "--serve-python",
-                                  server.admin_kubeconfig])
-                    publishers = Publishers(argv, work_dir / f"{side}-{count}.log")
+                    if side == "go":
+                        publishers = Publishers([str(binary), "publishers", f"-kubeconfig={server.admin_kubeconfig}"],
+                                                work_dir / f"{side}-{count}.log")
+                    else:
+                        publishers = Publishers([sys.executable, str(pathlib.Path(__file__).resolve()),
+                                                 "--serve-python", server.admin_kubeconfig],
+                                                work_dir / f"{side}-{count}.log", min(count, os.cpu_count() or 1))
                     try:
                         rows += run_side(side, fleet, publishers, count, rest, devices, profile)
                     finally:
