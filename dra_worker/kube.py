@@ -10,7 +10,7 @@ server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 
 One connection to the API server per worker, as client-go keeps: HTTP/2 (offered in TLS's ALPN; a server that
 does not take it is spoken HTTP/1.1 to, a connection for the watch and one for the calls) multiplexes the watch and
-every call, so a write after a quiet while costs the API server no new TLS handshake and token review
+every call, so a write after a quiet while costs the API server no new TLS handshake
 (docs/dra.md#publishing-and-its-api-cost). The watcher and the publisher are two threads on that one
 connection: its reads are taken in turn (shared/fence/httpcore_fair_reads.py), else a reply the watcher read for
 the publisher stays unseen while the watch is quiet.
