@@ -1,15 +1,17 @@
 """worker-dra's ResourceSlice publisher at fleet scale, beside Kubernetes' own, on a real kube-apiserver.
 
-    python bench/dra_fleet.py [--quick] [--nodes 1 100 1000] [--rest SECONDS] [--harness PATH]
+    python bench/dra_fleet.py [--quick] [--nodes 1 100 1000] [--rest SECONDS] [--harness PATH] [--profile DIR]
 
 The API server is the DRA harness's (tests/dra/harness: kube-apiserver and etcd of the pinned k8s.io/kubernetes
 release, in one process on loopback; built here unless --harness names the binary). For each fleet size N, two
 publishers of the same N nodes, one after the other, each in a process of its own:
 
 - `python`: N instances of worker-dra's own publisher (dra_worker.publisher.SlicePublisher with its own
-  dra_worker.kube.KubeApi client each: one connection per node), in one Python process;
+  dra_worker.kube.KubeApi client each: one connection per node), spread over as many Python processes as the
+  machine has cores (a node runs its publisher in a process of its own; one Python process, held to one core
+  by its interpreter lock, would measure the benchmark's packing, not the publisher);
 - `go`: N instances of Kubernetes' `k8s.io/dynamic-resource-allocation/resourceslice` controller of the same
-  release (`dra-harness publishers`), a client each, in one Go process.
+  release (`dra-harness publishers`), a client each, in one Go process (which runs on every core).
 
 Every node publishes one pool of the same 8 NPUs (the devices worker-dra publishes for an 8-NPU node). Phases,
 each a row: `start` (until every node's slices are right), `rest` (nothing changes; 5 minutes, `--quick` 1),
@@ -20,8 +22,14 @@ verb (the API server's own `apiserver_request_total`, which counts a watch when 
 it; its counters start again at a restart; the benchmark's own LISTs that check the slices are left out),
 requests per node-hour beyond the watch, the API server's CPU seconds (etcd's included: one process) and the
 seconds until right.
-The publishers' own process: CPU seconds and RSS at the end of the run. Goals: no row worse than the Go
-controller's, and at rest <= 1 request per node-hour beyond the watch.
+The publishers' own processes: CPU seconds and RSS (summed over a side's processes) at the end of the run.
+Goals: no row worse than the Go controller's, and at rest <= 1 request per node-hour beyond the watch.
+
+`--profile DIR` says where the API server's CPU goes and what the publishers' connections are: kube-apiserver
+profiles itself (/debug/pprof/profile) for PROFILE_SECONDS from the start of each `start` and `change` row (the
+row then lasts at least that long), into DIR/SIDE-N-PHASE.pprof (`go tool pprof -top` reads it), and those rows
+gain `connections_seen` (the publishers' TCP connections to the API server, sampled every POLL seconds: how many
+distinct ones were open in the row) and `connections_end` (how many at its end).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ NODES, QUICK_NODES = (1, 100, 1000), (1, 100)
 SETTLE_SECONDS = 10.0
 CONVERGE_TIMEOUT = 600.0
 POLL = 0.5
+PROFILE_SECONDS = 45
 FAULTY = "rbln3"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -80,10 +89,19 @@ def inventories() -> tuple[Any, Any]:
 
 
 def device_lists() -> tuple[list[dict], list[dict]]:
+    """The devices worker-dra publishes before and after the change (the Unhealthy NPU tainted, as by default)."""
     from dra_worker import slices
+    from shared.config import TaintEffect
 
     before, after = inventories()
-    return slices.published_devices(before), slices.published_devices(after)
+    return (slices.published_devices(before, TaintEffect.NO_SCHEDULE),
+            slices.published_devices(after, TaintEffect.NO_SCHEDULE))
+
+
+def published(devices: list[dict]) -> set[tuple[str, tuple[tuple[str, str, str], ...]]]:
+    """Devices as the check compares them: names and taints (without the time the API server stamps)."""
+    return {(device["name"], tuple(sorted((taint["key"], taint.get("value", ""), taint["effect"])
+                                          for taint in device.get("taints") or ()))) for device in devices}
 
 
 # -- the Python side: worker-dra's publishers, in a process of their own ------------------------------------
@@ -125,33 +143,49 @@ def serve_python(kubeconfig: str) -> None:
 
 
 class Publishers:
-    """One side's process, driven with JSON lines."""
+    """One side's processes (`processes` of `argv` each), driven with JSON lines: a `start` command's nodes are
+    shared out among them, every other command goes to each, and their answers' counts are added up."""
 
-    def __init__(self, argv: list[str], log: pathlib.Path):
+    def __init__(self, argv: list[str], log: pathlib.Path, processes: int = 1):
         self._log = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                      text=True, bufsize=1)
+        self._procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                        text=True, bufsize=1) for _ in range(processes)]
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
+    def pids(self) -> set[int]:
+        return {proc.pid for proc in self._procs}
 
     def request(self, **command: Any) -> dict[str, Any]:
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps(command) + "\n")
-        answer = json.loads(self._proc.stdout.readline() or '{"ok": false, "error": "the process ended"}')
-        if not answer.pop("ok"):
-            raise RuntimeError(f"{command['cmd']}: {answer.get('error')}")
-        return answer
+        for index, proc in enumerate(self._procs):  # all at once: each works while the next is told
+            assert proc.stdin is not None
+            part = ({**command, "nodes": command["nodes"][index::len(self._procs)]} if command["cmd"] == "start"
+                    else command)
+            proc.stdin.write(json.dumps(part) + "\n")
+        total: dict[str, Any] = {}
+        for proc in self._procs:
+            assert proc.stdout is not None
+            answer = json.loads(proc.stdout.readline() or '{"ok": false, "error": "the process ended"}')
+            if not answer.pop("ok"):
+                raise RuntimeError(f"{command['cmd']}: {answer.get('error')}")
+            for key, value in answer.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def cpu_seconds(self) -> float:
+        return sum(common.own_cpu_seconds(pid) for pid in self.pids)
+
+    def rss_kb(self) -> int:
+        return sum(common.memory(pid).rss_kb for pid in self.pids)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.request(cmd="stop")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(30)
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        for proc in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(30)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         self._log.close()
 
 
@@ -180,14 +214,14 @@ class Fleet:
         return nodes
 
     def slices_right(self, nodes: list[str], devices: list[dict]) -> bool:
-        """Whether every node has exactly one slice of the driver, listing exactly `devices`."""
+        """Whether every node has exactly one slice of the driver, listing exactly `devices` (their taints too)."""
         answer = self.client.get(SLICES, params={"fieldSelector": f"spec.driver={DRA_DRIVER}"})
         self.own_lists += 1
         answer.raise_for_status()
-        by_node: dict[str, list[set[str]]] = {}
+        by_node: dict[str, list[set]] = {}
         for item in answer.json()["items"]:
-            by_node.setdefault(item["spec"]["nodeName"], []).append({d["name"] for d in item["spec"]["devices"]})
-        wanted = {d["name"] for d in devices}
+            by_node.setdefault(item["spec"]["nodeName"], []).append(published(item["spec"]["devices"]))
+        wanted = published(devices)
         return all(by_node.get(node) == [wanted] for node in nodes)
 
     def watches(self) -> float:
@@ -220,6 +254,47 @@ def _await(condition: Callable[[], bool], timeout: float, what: str) -> float:
     return time.monotonic() - started
 
 
+def publisher_connections(port: int, pids: set[int]) -> set[str]:
+    """The local ends of the established TCP connections to the API server's `port` that processes `pids` hold."""
+    listing = subprocess.run(["ss", "-tnpH", "state", "established", f"( dport = :{port} )"], capture_output=True,
+                             text=True, check=True).stdout
+    owners = tuple(f"pid={pid}," for pid in pids)
+    return {line.split()[2] for line in listing.splitlines() if any(owner in line for owner in owners)}
+
+
+@contextlib.contextmanager
+def profiled(fleet: Fleet, row: dict[str, Any], directory: pathlib.Path | None, pids: set[int]) -> Iterator[None]:
+    """With a `directory`: the API server's CPU profile from the block's start into it, and the publishers'
+    connections seen over the block, into `row`; else nothing."""
+    if directory is None:
+        yield
+        return
+    port = int(fleet.server.url.rsplit(":", 1)[1])
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def profile() -> None:
+        with fleet.server.client() as client:
+            answer = client.get("/debug/pprof/profile", params={"seconds": PROFILE_SECONDS},
+                                timeout=PROFILE_SECONDS + 60)
+        answer.raise_for_status()
+        (directory / f"{row['side']}-{row['nodes']}-{row['phase']}.pprof").write_bytes(answer.content)
+
+    def sample() -> None:
+        while not done.wait(POLL):
+            seen.update(publisher_connections(port, pids))
+
+    threads = [threading.Thread(target=profile), threading.Thread(target=sample)]
+    for thread in threads:
+        thread.start()
+    yield
+    row["connections_end"] = len(publisher_connections(port, pids))
+    threads[0].join()
+    done.set()
+    threads[1].join()
+    row["connections_seen"] = len(seen)
+
+
 @contextlib.contextmanager
 def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
     """Requests by verb and the API server's CPU over the block, into `row`."""
@@ -236,7 +311,7 @@ def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
 
 
 def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: float,
-             devices: tuple[list[dict], list[dict]]) -> list[dict]:
+             devices: tuple[list[dict], list[dict]], profile: pathlib.Path | None = None) -> list[dict]:
     names = [f"{side}-{count}-{index:04d}" for index in range(count)]
     nodes = fleet.create_nodes(names)
     rows: list[dict[str, Any]] = []
@@ -246,14 +321,14 @@ def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: 
                      "phase": phase})
         return rows[-1]
 
-    with measured(fleet, start := row("start"), count):
+    with measured(fleet, start := row("start"), count), profiled(fleet, start, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="start", driver=DRA_DRIVER, nodes=nodes, devices=devices[0])
         start["until_right_s"] = round(time.monotonic() - started + _await(
             lambda: fleet.slices_right(names, devices[0]), CONVERGE_TIMEOUT, "every node published"), 2)
     with measured(fleet, row("rest"), count):
         time.sleep(rest)  # the quiet being measured
-    with measured(fleet, change := row("change"), count):
+    with measured(fleet, change := row("change"), count), profiled(fleet, change, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="update", devices=devices[1])
         change["until_right_s"] = round(time.monotonic() - started + _await(
@@ -270,10 +345,9 @@ def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: 
     restart["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
     with contextlib.suppress(Exception):
         restart.update(publishers.request(cmd="stats"))
-    memory = common.memory(publishers.pid)
     rows.append({"benchmark": f"dra_fleet/{side}/{count}/publishers", "side": side, "nodes": count,
-                 "phase": "publishers", "cpu_s": round(common.own_cpu_seconds(publishers.pid), 2),
-                 "rss_mib": round(memory.rss_kb / 1024, 1)})
+                 "phase": "publishers", "cpu_s": round(publishers.cpu_seconds(), 2),
+                 "rss_mib": round(publishers.rss_kb() / 1024, 1)})
     return rows
 
 
@@ -285,7 +359,8 @@ def build_harness(directory: pathlib.Path) -> pathlib.Path:
 
 
 def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = None,
-        harness: pathlib.Path | None = None, sides: tuple[str, ...] = ("go", "python")) -> list[dict]:
+        harness: pathlib.Path | None = None, sides: tuple[str, ...] = ("go", "python"),
+        profile: pathlib.Path | None = None) -> list[dict]:
     from tests.dra.dra_harness import ApiServer
 
     nodes = nodes or (QUICK_NODES if quick else NODES)
@@ -295,17 +370,21 @@ def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = 
     with tempfile.TemporaryDirectory(prefix="rbln-bench-fleet-") as work:
         work_dir = pathlib.Path(work)
         binary = harness or build_harness(work_dir)
-        server = ApiServer(binary, work_dir / "api", "kube-system/rbln-device-plugin").start()
+        server = ApiServer(binary, work_dir / "api", "kube-system/rbln-device-plugin",
+                           profiling=profile is not None).start()
         fleet = Fleet(server)
         try:
             for count in nodes:
                 for side in sides:
-                    argv = ([str(binary), "publishers", f"-kubeconfig={server.admin_kubeconfig}"] if side == "go"
-                            else [sys.executable, str(pathlib.Path(__file__).resolve()), "--serve-python",
-                                  server.admin_kubeconfig])
-                    publishers = Publishers(argv, work_dir / f"{side}-{count}.log")
+                    if side == "go":
+                        publishers = Publishers([str(binary), "publishers", f"-kubeconfig={server.admin_kubeconfig}"],
+                                                work_dir / f"{side}-{count}.log")
+                    else:
+                        publishers = Publishers([sys.executable, str(pathlib.Path(__file__).resolve()),
+                                                 "--serve-python", server.admin_kubeconfig],
+                                                work_dir / f"{side}-{count}.log", min(count, os.cpu_count() or 1))
                     try:
-                        rows += run_side(side, fleet, publishers, count, rest, devices)
+                        rows += run_side(side, fleet, publishers, count, rest, devices, profile)
                     finally:
                         publishers.stop()
                         fleet.delete_slices()
@@ -332,7 +411,8 @@ def goal_rows(rows: list[dict]) -> list[dict]:
                 ("requests", beyond(mine), beyond(theirs)),
                 ("apiserver_cpu_s", mine["apiserver_cpu_s"], theirs["apiserver_cpu_s"] * 1.2 + 0.5),
                 ("until_right_s", mine.get("until_right_s", 0), theirs.get("until_right_s", 0) + 1.0)) if a > b]
-            verdict = {"benchmark": f"dra_fleet/{count}/{phase}", "goal": "no worse than the Go controller",
+            verdict: dict[str, Any] = {"benchmark": f"dra_fleet/{count}/{phase}",
+                                       "goal": "no worse than the Go controller",
                        "met": not worse, "worse": worse}
             if phase == "rest":
                 verdict["goal"] += "; <= 1 request per node-hour beyond the watch"
@@ -351,11 +431,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", help=f"fleet sizes (default {NODES})")
     parser.add_argument("--rest", type=float, help=f"seconds at rest (default {REST_SECONDS:g})")
     parser.add_argument("--harness", type=pathlib.Path, help="a built dra-harness binary")
+    parser.add_argument("--profile", type=pathlib.Path,
+                        help="a directory: the API server's CPU profiles of the start and change rows, and the "
+                             "publishers' connections")
     parser.add_argument("--sides", nargs="+", choices=("go", "python"), default=("go", "python"),
                         help="which publishers (default both; the goals need both)")
     args = parser.parse_args()
     for row in run(args.quick, tuple(args.nodes) if args.nodes else None, args.rest, args.harness,
-                   tuple(args.sides)):
+                   tuple(args.sides), args.profile):
         print(json.dumps(row))
 
 

@@ -8,13 +8,23 @@ the pod's service account, or the kubeconfig file KUBECONFIG names. A call that 
 pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
 server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 
+One connection to the API server per worker, as client-go keeps: HTTP/2 (offered in TLS's ALPN; a server that
+does not take it is spoken HTTP/1.1 to, a connection for the watch and one for the calls) multiplexes the watch and
+every call, so a write after a quiet while costs the API server no new TLS handshake
+(docs/dra.md#publishing-and-its-api-cost). The watcher and the publisher are two threads on that one
+connection: its reads are taken in turn (shared/fence/httpcore_fair_reads.py), else a reply the watcher read for
+the publisher stays unseen while the watch is quiet.
+
 ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
 second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
-last version it saw, and raises what ends it otherwise. Two requests need what lightkube's public calls cannot
-send, and are built from its generic client as its own calls build theirs, behind the fence
-(shared/fence/lightkube_requests.py, checked against the lightkube release pinned in pyproject.toml): the
-watch-list (the slices as they are and then their changes, in one watch request with bookmarks, as client-go's
-informers ask since Kubernetes 1.32: no list request), and deletes with preconditions (UID and resourceVersion).
+last version it saw, and raises what ends it otherwise. Its requests are built from lightkube's generic client as
+its own calls build theirs, behind the fence (shared/fence/lightkube_requests.py, checked against the lightkube
+release pinned in pyproject.toml): the watch-list (the slices as they are and then their changes, in one watch
+request with bookmarks, as client-go's informers ask since Kubernetes 1.32: no list request), a plain watch with
+bookmarks (an API server without watch-lists), and deletes with preconditions (UID and resourceVersion). The
+bookmarks (about one a minute) let a watch that reads nothing for WATCH_READ_IDLE seconds be taken for dead: a
+connection lost without a word (a peer gone, a NAT entry dropped) is replaced, not waited on for ever; client-go
+pings an idle HTTP/2 connection instead, which lightkube's transport cannot.
 """
 
 from __future__ import annotations
@@ -26,7 +36,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from shared.config import DRA_DRIVER
-from shared.fence.lightkube_requests import delete_with_preconditions, uncompressed, watch_list
+from shared.fence.httpcore_fair_reads import fair_reads
+from shared.fence.lightkube_requests import delete_with_preconditions, read_idle, uncompressed, watch, watch_list
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -34,6 +45,9 @@ FIELD_MANAGER = DRA_DRIVER
 _RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
+# A watch that reads nothing for this long is taken for dead (its connection lost without a word): the API server
+# sends a bookmark on it about once a minute (and its events, and over HTTP/2 the calls' answers, come between).
+WATCH_READ_IDLE = 90.0
 
 
 class ApiFailure(RuntimeError):
@@ -91,9 +105,11 @@ class KubeApi:
 
         config: KubeConfig | SingleConfig = (KubeConfig.from_file(kubeconfig) if kubeconfig is not None
                                              else KubeConfig.from_service_account())
+        fair_reads()
         self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
-                              trust_env=False)
+                              trust_env=False, http2=True)
         uncompressed(self._client)
+        read_idle(self._client, WATCH_READ_IDLE)
         self._sleep = sleep
         self._clock = clock
         self._slices = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
@@ -141,6 +157,9 @@ class KubeApi:
     def _slice_fields(self, node_name: str) -> dict[str, Any]:
         return {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
 
+    def _selector(self, node_name: str) -> str:
+        return ",".join(f"{key}={value}" for key, value in sorted(self._slice_fields(node_name).items()))
+
     def list_slices(self, node_name: str, timeout: float) -> SliceList:
         """This driver's slices of the node, and the list's version to watch from."""
         def work() -> SliceList:
@@ -154,9 +173,8 @@ class KubeApi:
         """This driver's slices of the node as ADDED events, then SYNCED, then their changes (ADDED, MODIFIED,
         DELETED), for as long as the watch lasts (see `watch_slices`); ApiFailure for what ends it, 422 from a
         server that does not serve watch-lists."""
-        selector = ",".join(f"{key}={value}" for key, value in sorted(self._slice_fields(node_name).items()))
         try:
-            yield from watch_list(self._client, self._slices, selector, server_timeout)
+            yield from watch_list(self._client, self._slices, self._selector(node_name), server_timeout)
         except Exception as exc:  # as watch_slices
             raise _failure(exc, "watch-list ResourceSlices") from None
 
@@ -164,11 +182,9 @@ class KubeApi:
         """The events (ADDED, MODIFIED, DELETED; the object) on this driver's slices of the node after
         `resource_version`, for as long as the watch lasts: lightkube resumes one the server ends after
         `server_timeout` seconds from the last version it saw; ApiFailure for whatever ends it (410 Gone, the
-        server gone, a broken connection)."""
+        server gone, a broken connection, WATCH_READ_IDLE seconds without a byte)."""
         try:
-            for kind, item in self._client.watch(self._slices, fields=self._slice_fields(node_name),
-                                                 resource_version=resource_version, server_timeout=server_timeout):
-                yield kind, dict(item)
+            yield from watch(self._client, self._slices, self._selector(node_name), server_timeout, resource_version)
         except Exception as exc:  # lightkube raises ApiError, httpx's errors, and more for a broken stream
             raise _failure(exc, "watch ResourceSlices") from None
 

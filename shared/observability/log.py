@@ -69,6 +69,9 @@ _ROTATED_SUFFIX = r"\.(\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{6})(?:\.(\d+))?\.log"
 _FIRST_LINE_BYTES = MAX_RECORD_BYTES + 1
 # Standard-library records carry `component`: these libraries by a short name, others by their package.
 _COMPONENTS = {"grpc": "grpc", "opentelemetry": "otel"}
+# Libraries whose debug records are not let through: hpack (worker-dra's HTTP/2 header coding) logs every header
+# it codes, and each encoded header block whole, the API token in it (Huffman-coded, not hidden).
+_QUIET_BELOW_WARNING = ("hpack",)
 OTEL_ERROR_MESSAGE = "OpenTelemetry SDK error"
 # A text value is shown bare unless it could be misread.
 _BARE_TEXT = re.compile(r'^[^\s"=]+$')
@@ -121,14 +124,15 @@ def _fields(record: Mapping[str, Any], with_caller: bool) -> dict[str, Any]:
 
 
 def _shrink(fields: dict[str, Any], encode) -> str:
-    """Encode `fields`, halving the longest event value until the record fits one atomic write."""
+    """Encode `fields`, halving the longest event value (or the message, when it is longer than any) until the
+    record fits one atomic write."""
     line = encode(fields)
     while len(line.encode()) >= MAX_RECORD_BYTES:
         candidates = [k for k in fields if k not in _FIRST_KEYS]
-        if not candidates:
+        key = max([*candidates, "msg"], key=lambda k: len(json.dumps(fields[k], default=str)))
+        if key == "msg":
             fields["msg"] = fields["msg"][: len(fields["msg"]) // 2]
         else:
-            key = max(candidates, key=lambda k: len(json.dumps(fields[k], default=str)))
             text = fields[key] if isinstance(fields[key], str) else json.dumps(fields[key], default=str)
             fields[key] = text[: len(text) // 2] + "…(truncated)"
         line = encode(fields)
@@ -409,4 +413,6 @@ def setup(process: str, environ: Mapping[str, str] | None = None, stream=None,
 
     logging.basicConfig(handlers=[_StdlibBridge()], level=logging.DEBUG if with_caller else logging.INFO,
                         force=True)
+    for library in _QUIET_BELOW_WARNING:
+        logging.getLogger(library).setLevel(logging.WARNING)
     return LogSetup(level, log_format, fallbacks)

@@ -26,9 +26,10 @@ _READY_TIMEOUT = 120.0
 class ApiServer:
     """`dra-harness apiserver`: etcd and kube-apiserver on loopback until close() ends its stdin."""
 
-    def __init__(self, binary: pathlib.Path, state_dir: pathlib.Path, service_account: str):
+    def __init__(self, binary: pathlib.Path, state_dir: pathlib.Path, service_account: str, profiling: bool = False):
         self.state_dir = state_dir
-        self._command = [str(binary), "apiserver", f"-dir={state_dir}", f"-service-account={service_account}"]
+        self._command = [str(binary), "apiserver", f"-dir={state_dir}", f"-service-account={service_account}",
+                         f"-profiling={str(profiling).lower()}"]
         self._proc: subprocess.Popen | None = None
         self.info: dict[str, Any] = {}
         self.starts = 0

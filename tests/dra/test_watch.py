@@ -5,7 +5,10 @@ second of the watch event, and an API server restart recovered."""
 from __future__ import annotations
 
 import time
+import urllib.parse
 
+from tests.support.node_state import process_pid
+from tests.support.ports import connections_to
 from tests.support.waiting import wait_until
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -31,6 +34,10 @@ def test_at_rest_a_node_costs_the_api_server_its_watch_and_nothing_else(serve, c
     time.sleep(AT_REST)  # the quiet being measured: what would happen in it is what is counted
     after = cluster.server.request_counts("resourceslices")
     assert _beyond_watch(after) == _beyond_watch(before), f"requests at rest: {before} -> {after}"
+    # The watch, the slice's write and the Node's read went over one connection (HTTP/2), as client-go's do.
+    worker = process_pid(serving.node, "worker-dra")
+    assert worker is not None
+    assert connections_to(worker, urllib.parse.urlsplit(cluster.server.url).port or 0) == 1
 
 
 def test_a_slice_deleted_or_edited_by_someone_else_is_repaired_within_a_second(serve, cluster):

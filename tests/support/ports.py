@@ -6,8 +6,8 @@ import os
 import socket
 
 
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports a process listens on: its socket fds matched against /proc/net/tcp{,6} in state LISTEN."""
+def _tcp_rows(pid: int) -> list[list[str]]:
+    """The rows of /proc/net/tcp{,6} of a process's sockets (its socket fds matched by inode)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -16,15 +16,24 @@ def listening_ports(pid: int) -> set[int]:
             continue  # closed meanwhile
         if target.startswith("socket:["):
             inodes.add(target[len("socket:["):-1])
-    ports = set()
+    rows = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as lines:
-                rows = [line.split() for line in list(lines)[1:]]
+                rows += [line.split() for line in list(lines)[1:]]
         except FileNotFoundError:
             continue  # no IPv6 on this host
-        ports |= {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A" and row[9] in inodes}
-    return ports
+    return [row for row in rows if row[9] in inodes]
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports a process listens on (state LISTEN)."""
+    return {int(row[1].rsplit(":", 1)[1], 16) for row in _tcp_rows(pid) if row[3] == "0A"}
+
+
+def connections_to(pid: int, port: int) -> int:
+    """How many established TCP connections a process holds to `port` (state ESTABLISHED)."""
+    return sum(1 for row in _tcp_rows(pid) if row[3] == "01" and int(row[2].rsplit(":", 1)[1], 16) == port)
 
 
 def free_port() -> int:

@@ -119,7 +119,7 @@ def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_pre
     assert kind == "MODIFIED" and item["metadata"]["resourceVersion"] == server.slices["s1"]["metadata"][
         "resourceVersion"]
     assert any(method == "GET" and "watch=true" in path and "timeoutSeconds=30" in path
-               and f"resourceVersion={listing.resource_version}" in path
+               and f"resourceVersion={listing.resource_version}" in path and "allowWatchBookmarks=true" in path
                and "fieldSelector=spec.driver%3Dnpu.rebellions.ai%2Cspec.nodeName%3Dnode-a" in path
                for method, path in server.requests)
     with pytest.raises(ApiFailure, match="409"):
@@ -127,6 +127,16 @@ def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_pre
     client.delete_slice(item, timeout=5)
     client.delete_slice(item, timeout=5)  # gone already: what was wanted
     assert "s1" not in server.slices
+    server.end_watches()
+
+
+def test_a_watch_that_reads_nothing_for_the_read_idle_time_ends(server, tmp_path, monkeypatch):
+    """A connection lost without a word ends the watch (here: a quiet stand-in, which sends no bookmarks)."""
+    monkeypatch.setattr("dra_worker.kube.WATCH_READ_IDLE", 0.5)
+    client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"))
+    listing = client.list_slices(NODE, timeout=5)
+    with pytest.raises(ApiFailure, match="watch ResourceSlices: ReadTimeout"):
+        next(client.watch_slices(NODE, listing.resource_version, server_timeout=30))
     server.end_watches()
 
 

@@ -139,6 +139,22 @@ def test_an_oversized_record_is_shortened_to_one_atomic_pipe_write(install):
     assert record["msg"] == "Container allocation failed" and record["err"].endswith("…(truncated)")
 
 
+def test_a_library_s_oversized_message_is_shortened_too(install):
+    stream, _ = install({log.LEVEL_ENV: "debug"})
+    logging.getLogger("httpcore2.http2").debug("send_request_headers.started %s", "x" * 20000)
+    (line,) = stream.getvalue().splitlines()
+    assert len(line.encode()) < log.MAX_RECORD_BYTES
+    (record,) = records(stream)
+    assert record["msg"].startswith("send_request_headers.started xxx") and record["component"] == "httpcore2"
+
+
+def test_hpack_s_debug_records_with_the_coded_token_are_not_let_through(install):
+    stream, _ = install({log.LEVEL_ENV: "debug"})
+    logging.getLogger("hpack.hpack").debug("Encoded header block to %s", b"\x82\x87 bearer")
+    logging.getLogger("hpack.hpack").warning("a header table overflow")
+    assert [record["msg"] for record in records(stream)] == ["a header table overflow"]
+
+
 def test_grpc_records_carry_component_grpc_and_its_chatter_is_debug(install):
     stream, _ = install()
     logging.getLogger("grpc._cython.cygrpc").info("Using AsyncIOEngine.POLLER")  # debug: not shown at info

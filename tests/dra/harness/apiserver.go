@@ -40,6 +40,7 @@ func runAPIServer(args []string) error {
 	verbosity := flags.Int("v", 1, "kube-apiserver's log verbosity")
 	fixedPort := flags.Int("port", 0, "the secure port; 0: a free one. With -dir of an earlier run (its etcd data "+
 		"and credentials kept), a restart of that API server")
+	profiling := flags.Bool("profiling", false, "serve /debug/pprof (bench/dra_fleet.py --profile: where the CPU goes)")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -75,7 +76,8 @@ func runAPIServer(args []string) error {
 		"--token-auth-file=" + files.tokens, "--anonymous-auth=false", "--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + files.serviceAccountKey,
 		"--service-account-signing-key-file=" + files.serviceAccountKey, "--service-cluster-ip-range=10.0.0.0/24",
-		"--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false", "--profiling=false",
+		"--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false",
+		"--profiling=" + strconv.FormatBool(*profiling),
 		"--v=" + strconv.Itoa(*verbosity),
 	})
 	served := make(chan error, 1)

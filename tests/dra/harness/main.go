@@ -1,11 +1,12 @@
 // Command dra-harness is the control plane and the kubelet side of Dynamic Resource Allocation, out of a
 // cluster, from the k8s.io/kubernetes release pinned in go.mod (the conformance harness's):
 //
-//	dra-harness apiserver -dir DIR [-service-account NS/NAME] [-port PORT]
+//	dra-harness apiserver -dir DIR [-service-account NS/NAME] [-port PORT] [-profiling]
 //	    etcd (go.etcd.io/etcd/server/v3, embedded) and kube-apiserver (its own command, in-process) on
 //	    loopback, RBAC on. Writes DIR/admin.kubeconfig (system:masters) and DIR/worker.kubeconfig (the
 //	    service account NS/NAME, as the chart's RBAC binds it), prints one JSON line when ready, serves until
 //	    SIGTERM or stdin closes. Started again on the same DIR and PORT, it is that API server restarted.
+//	    -profiling serves kube-apiserver's /debug/pprof.
 //	dra-harness kubelet -kubeconfig FILE -node NAME -registry DIR -state DIR
 //	    the kubelet's DRA manager (pkg/kubelet/cm/dra) with its plugin manager watching DIR (the kubelet's
 //	    plugins_registry), the scheduler's allocator (k8s.io/dynamic-resource-allocation/structured) and
