@@ -42,11 +42,10 @@ from kubelet_watchdog.health_wire import (
 from kubelet_watchdog.serving_loop import (
     ConnectionTable,
     GuardedConnection,
-    ServingLoop,
     listening_socket,
     serve,
-    shared_loop,
 )
+from shared.supervision.loop_thread import LoopThread, shared_loop
 
 LIVENESS = "liveness"
 READINESS = "readiness"
@@ -225,7 +224,7 @@ class _HealthConnection(GuardedConnection):
 class HealthServer:
     """The service on TCP `port` (0: a free one, see `.port`), served by `loop`."""
 
-    def __init__(self, port: int, loop: ServingLoop | None = None):
+    def __init__(self, port: int, loop: LoopThread | None = None):
         # Replaced whole by set(), never changed in place: the connections read it without a lock.
         self._statuses = _statuses(False, False)
         self._loop = loop or shared_loop()

@@ -35,13 +35,12 @@ from kubelet_watchdog.metrics_files import ProcessFilesCollector
 from kubelet_watchdog.serving_loop import (
     ConnectionTable,
     GuardedConnection,
-    ServingLoop,
     listening_socket,
     serve,
-    shared_loop,
 )
 from kubelet_watchdog.stack_metrics import Sample, StackView, state_samples
 from shared.observability.metrics import PATH, STATE_FAMILIES
+from shared.supervision.loop_thread import LoopThread, shared_loop
 
 # A connection's whole life: its request in, its answer out. Prometheus's own scrape timeout defaults to 10 s,
 # and a scrape is answered in milliseconds.
@@ -186,7 +185,7 @@ class _Page:
 class MetricsServer:
     """Serves `registry` on `port` (0: a free port, see `.port`) from the watchdog's serving loop."""
 
-    def __init__(self, port: int, registry: CollectorRegistry, loop: ServingLoop | None = None):
+    def __init__(self, port: int, registry: CollectorRegistry, loop: LoopThread | None = None):
         self._registry = registry
         self._loop = loop or shared_loop()
         # Collections run here, one at a time, off the loop: reading the value files takes milliseconds

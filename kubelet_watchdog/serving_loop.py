@@ -1,5 +1,5 @@
-"""The watchdog's one event loop for its two ports (the health service and /metrics), and what every
-connection to them is held to (docs/security.md#the-ports).
+"""What every connection to the watchdog's two ports (the health service and /metrics) is held to, on the
+process's one event loop (shared/supervision/loop_thread.py) (docs/security.md#the-ports).
 
 Anything that can reach the pod's IP can open connections to both ports, so no client gets a thread, a
 call slot or time of its own: each connection is a few objects of this loop, and
@@ -21,17 +21,14 @@ import random
 import resource
 import socket
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 from loguru import logger
 
-T = TypeVar("T")
 # Descriptors the process keeps for everything else (files, supervisord, inotify, grpc's own).
 _RESERVED_DESCRIPTORS = 256
 # What a port has at least, whatever the limit: a probe must still get in.
 _MIN_PORT_DESCRIPTORS = 16
-_CALL_TIMEOUT_SECONDS = 10.0
 # Connections the kernel keeps waiting for an accept (capped by net.core.somaxconn, 4096 by default): a
 # burst of reconnecting clients must not drop a probe's SYN, whose retransmission comes a second later.
 LISTEN_BACKLOG = 4096
@@ -41,31 +38,10 @@ LISTEN_BACKLOG = 4096
 DEADLINE_SPREAD = 0.2
 
 
-class ServingLoop:
-    """An asyncio loop in a thread of its own; `call` runs a coroutine on it from any other thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="serving-loop", daemon=True)
-        self._thread.start()
-
-    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(_CALL_TIMEOUT_SECONDS)
-
-
-_shared: ServingLoop | None = None
 # Descriptors the ports' connection tables hold between them (ConnectionTable).
 _claimed_descriptors = 0
-# Guards `_shared`, made by the first server to need it, and `_claimed_descriptors`.
-_shared_lock = threading.Lock()
-
-
-def shared_loop() -> ServingLoop:
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = ServingLoop()
-        return _shared
+# Guards `_claimed_descriptors`.
+_descriptors_lock = threading.Lock()
 
 
 def _claim_descriptors(wanted: int) -> int:
@@ -74,7 +50,7 @@ def _claim_descriptors(wanted: int) -> int:
     first, so that a full port closes its oldest connection instead of failing its accepts (asyncio then
     stops accepting for a second, and every other open of the process fails too: status files, supervisord)."""
     global _claimed_descriptors
-    with _shared_lock:
+    with _descriptors_lock:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         needed = _claimed_descriptors + wanted + _RESERVED_DESCRIPTORS
         if soft != resource.RLIM_INFINITY and soft < needed:
@@ -92,7 +68,7 @@ def _claim_descriptors(wanted: int) -> int:
 
 def _release_descriptors(count: int) -> None:
     global _claimed_descriptors
-    with _shared_lock:
+    with _descriptors_lock:
         _claimed_descriptors -= count
 
 

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 import grpc
 from loguru import logger
 
+from resource_worker.aio_serving import blocking_service
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.kubelet.plugin_socket import new_socket_name
 from shared.kubelet.streams import StreamTracker
+from shared.supervision.loop_thread import shared_loop
 
 if TYPE_CHECKING:
     from resource_worker.allocation_calls import AllocationCalls
@@ -50,17 +52,24 @@ class PluginServer:
         self.socket_name = new_socket_name(table.resource)
         self.socket_path = plugin_dir / self.socket_name
         self._handlers = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc-device-plugin")
-        self._server = grpc.server(self._handlers)
-        api_pb2_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(table, calls, self.streams, self._stopping), self._server)
+        self._service = blocking_service(api_pb2_grpc.add_DevicePluginServicer_to_server,
+                                         DevicePluginServicer(table, calls, self.streams, self._stopping),
+                                         self._handlers)
+        self._loop = shared_loop()
+        self._server: grpc.aio.Server | None = None
 
-    def serve(self) -> None:
+    async def _start(self) -> None:
+        server = grpc.aio.server(handlers=self._service)
         old_umask = os.umask(0o077)  # the socket file is created owner-only
         try:
-            self._server.add_insecure_port(f"unix://{self.socket_path}")
-            self._server.start()
+            server.add_insecure_port(f"unix://{self.socket_path}")
         finally:
             os.umask(old_umask)
+        await server.start()
+        self._server = server
+
+    def serve(self) -> None:
+        self._loop.call(self._start())
 
     def register(self, kubelet_socket: pathlib.Path, on_done: Callable[[], None]) -> Registration:
         """Start registering this instance's socket; `on_done` is called when the kubelet has answered."""
@@ -104,7 +113,8 @@ class PluginServer:
             self._watch = None
         self._stopping.set()
         self._table.wake_all()
-        self._server.stop(STOP_GRACE).wait()
+        if self._server is not None:
+            self._loop.call(self._server.stop(STOP_GRACE))
         # Stopped means no handler runs any more: an Allocate past the grace period still finishes
         # its RSD group change before the socket goes (and before the process may exit).
         self._handlers.shutdown(wait=True)

@@ -23,7 +23,8 @@ from prometheus_client.registry import CollectorRegistry
 from kubelet_watchdog import health_server, metrics_server, serving_loop
 from kubelet_watchdog.health_server import HealthServer
 from kubelet_watchdog.metrics_server import MetricsServer
-from kubelet_watchdog.serving_loop import listening_socket, shared_loop
+from kubelet_watchdog.serving_loop import listening_socket
+from shared.supervision.loop_thread import shared_loop
 from tests.support.hostile_http2 import CHECK_WITHOUT_REQUEST, ZeroWindowConnection
 from tests.support.waiting import wait_until
 
