@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import grpc
 from loguru import logger
 
-from resource_worker.aio_serving import blocking_service
 from resource_worker.device_table import DeviceTable, counts, device_fields, log_level
 from resource_worker.registration import Registration
 from resource_worker.servicer import OPTIONS, DevicePluginServicer
+from shared.kubelet.aio_serving import blocking_handlers
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2_grpc
 from shared.kubelet.plugin_socket import new_socket_name
 from shared.kubelet.streams import StreamTracker
@@ -52,9 +52,9 @@ class PluginServer:
         self.socket_name = new_socket_name(table.resource)
         self.socket_path = plugin_dir / self.socket_name
         self._handlers = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc-device-plugin")
-        self._service = blocking_service(api_pb2_grpc.add_DevicePluginServicer_to_server,
-                                         DevicePluginServicer(table, calls, self.streams, self._stopping),
-                                         self._handlers)
+        servicer = DevicePluginServicer(table, calls, self.streams, self._stopping)
+        self._service = blocking_handlers(
+            lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server), self._handlers)
         self._loop = shared_loop()
         self._server: grpc.aio.Server | None = None
 

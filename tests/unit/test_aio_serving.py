@@ -1,4 +1,4 @@
-"""resource_worker/aio_serving.py: a blocking servicer behind gRPC's asyncio server, called by a real gRPC
+"""shared/kubelet/aio_serving.py: a blocking servicer behind gRPC's asyncio server, called by a real gRPC
 client over a unix socket: answers, aborts, callbacks once the call is over, and a stream's generator closed
 (its `finally` run) however the call ends."""
 
@@ -10,7 +10,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from resource_worker.aio_serving import blocking_service
+from shared.kubelet.aio_serving import blocking_handlers
 from shared.kubelet.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from shared.supervision.loop_thread import shared_loop
 from tests.support.waiting import wait_until
@@ -49,8 +49,8 @@ def served(short_tmp):
     path = short_tmp / "plugin.sock"
 
     async def start() -> grpc.aio.Server:
-        server = grpc.aio.server(handlers=blocking_service(api_pb2_grpc.add_DevicePluginServicer_to_server,
-                                                           servicer, pool))
+        server = grpc.aio.server(handlers=blocking_handlers(
+            lambda capture: api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, capture), pool))
         server.add_insecure_port(f"unix://{path}")
         await server.start()
         return server

@@ -147,36 +147,38 @@ async def _refuse_malformed(request: Any, context: grpc.aio.ServicerContext) -> 
 
 
 class _Capture:
-    """Stands in for a server to a generated `add_…Servicer_to_server`: keeps its method handlers."""
+    """Stands in for a server to generated `add_…Servicer_to_server` functions: keeps their method handlers."""
 
     def __init__(self) -> None:
-        self.service = ""
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self.services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
 
     def add_generic_rpc_handlers(self, _handlers: Any) -> None:
         pass
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.service, self.handlers = service, handlers
+        self.services[service] = handlers
 
 
-def blocking_service(add_to_server: Callable[[Any, Any], None], servicer: object,
-                     pool: futures.ThreadPoolExecutor) -> list[grpc.GenericRpcHandler]:
-    """The handlers `add_to_server` (a generated `add_…Servicer_to_server`) would give a server, each method
-    run on `pool`, for an asyncio server's `handlers`. Unary and server-streaming methods only (all that the
-    device plugin API has)."""
+def _blocking(name: str, handler: grpc.RpcMethodHandler, pool: futures.ThreadPoolExecutor) -> grpc.RpcMethodHandler:
+    assert handler.request_deserializer is not None, f"{name}: no request type"
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            _server_stream(handler.unary_stream, pool),  # type: ignore[arg-type]  # a generator
+            request_deserializer=_tolerant(handler.request_deserializer),
+            response_serializer=handler.response_serializer)
+    assert handler.unary_unary is not None, f"{name}: neither unary nor server-streaming"
+    return grpc.unary_unary_rpc_method_handler(_unary(handler.unary_unary, pool),
+                                               request_deserializer=_tolerant(handler.request_deserializer),
+                                               response_serializer=handler.response_serializer)
+
+
+def blocking_handlers(add_services: Callable[[Any], None],
+                      pool: futures.ThreadPoolExecutor) -> list[grpc.GenericRpcHandler]:
+    """The handlers that `add_services` (calling generated `add_…Servicer_to_server` functions on the server it
+    is given) would give a server, each method run on `pool`: for an asyncio server's `handlers`. Unary and
+    server-streaming methods only (all that the kubelet's plugin APIs have)."""
     captured = _Capture()
-    add_to_server(servicer, captured)
-    handlers = {}
-    for name, handler in captured.handlers.items():
-        assert handler.request_deserializer is not None, f"{name}: no request type"
-        if handler.unary_stream is not None:
-            made = grpc.unary_stream_rpc_method_handler
-            behaviour = _server_stream(handler.unary_stream, pool)  # type: ignore[arg-type]  # a generator
-        else:
-            assert handler.unary_unary is not None, f"{name}: neither unary nor server-streaming"
-            made = grpc.unary_unary_rpc_method_handler
-            behaviour = _unary(handler.unary_unary, pool)
-        handlers[name] = made(behaviour, request_deserializer=_tolerant(handler.request_deserializer),
-                              response_serializer=handler.response_serializer)
-    return [grpc.method_handlers_generic_handler(captured.service, handlers)]
+    add_services(captured)
+    return [grpc.method_handlers_generic_handler(service, {name: _blocking(name, handler, pool)
+                                                           for name, handler in handlers.items()})
+            for service, handlers in captured.services.items()]
