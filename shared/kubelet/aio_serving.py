@@ -16,7 +16,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Generator
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -38,7 +38,7 @@ class CallContext:
         self._callbacks: list[Callable[[], None]] = []
         self._over = False
 
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         """Ends the call with `code`, as the thread-based server's abort does: by raising."""
         raise _Abort(code, details)
 
