@@ -239,6 +239,9 @@ class Worker:
         self._attention.set()
 
     def run(self) -> None:
+        # A status from the start: the first step may already register (the inventory can arrive first), and
+        # its report comes only after the Register call and the allocation parts' load.
+        self._report()
         while not self._shutdown.is_set():
             timeout = self.step()
             self._attention.wait(timeout)
