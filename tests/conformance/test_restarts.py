@@ -67,6 +67,9 @@ def test_after_a_kubelet_restart_every_resource_is_back_within_2s_and_allocation
 def test_a_killed_worker_drops_its_resource_until_supervisord_restarts_it_and_the_others_serve_on(serve):
     serving = serve(MIXED_NODE, COUNTS)
     node, kubelet, stack = serving.node, serving.kubelet, serving.stack
+    # A worker says it registered once the kubelet has answered, which may be after the kubelet shows its devices.
+    for resource in COUNTS:
+        stack.wait_for_record(REGISTERED, resourceName=resource)
     before = registrations(stack)
     victim = program_pid(node, "worker-npu-vf4")
 
