@@ -77,6 +77,18 @@ def _generation(existing: Json) -> int:
     return generation if isinstance(generation, int) else 0
 
 
+def _version(item: Json) -> object:
+    return (item.get("metadata") or {}).get("resourceVersion")
+
+
+def _later_than(item: Json, version: object) -> bool:
+    """Whether `item`'s state was written after `version` (False when either is not a number)."""
+    try:
+        return int(_version(item)) > int(version)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return False
+
+
 def _newer(candidate: Json, known: Json | None) -> bool:
     """Whether `candidate` is a later state of the object than `known`. Versions are opaque to clients, but
     both come from one API server's etcd: compared as numbers when they are numbers, else the candidate wins."""
@@ -96,19 +108,30 @@ class SliceView:
         self._slices: dict[str, Json] = {}
         self._listed = False
 
-    def replace(self, items: list[Json]) -> None:
+    def replace(self, items: list[Json], listed_at: object = None) -> None:
+        """The slices as listed at version `listed_at`. What this worker wrote after that version stays (the
+        list cannot show it; the watch that follows the list will): else a slice created while a watch was being
+        started afresh would be missing from the view, and created twice."""
         with self._lock:
-            self._slices = {_name(item): item for item in items}
+            fresh = {_name(item): item for item in items}
+            for name, held in self._slices.items():
+                if _later_than(held, listed_at) and _newer(held, fresh.get(name)):
+                    fresh[name] = held
+            self._slices = fresh
             self._listed = True
 
-    def apply(self, kind: str, item: Json) -> None:
-        """A watch event, or a write's answer (MODIFIED); an older state than the one held is ignored."""
+    def apply(self, kind: str, item: Json) -> bool:
+        """A watch event, or a write's answer (MODIFIED); an older state than the one held is ignored. True if
+        the view changed: the watch's echo of this worker's own write (the version it holds) changes nothing."""
         name = _name(item)
         with self._lock:
+            held = self._slices.get(name)
             if kind == "DELETED":
-                self._slices.pop(name, None)
-            elif _newer(item, self._slices.get(name)):
-                self._slices[name] = item
+                return self._slices.pop(name, None) is not None
+            if not _newer(item, held):
+                return False
+            self._slices[name] = item
+            return held is None or _version(held) != _version(item)
 
     def snapshot(self) -> list[Json] | None:
         """The slices by name; None until the first list."""
@@ -192,7 +215,7 @@ class SlicePublisher:
                 self._watch_list = False
                 logger.info("The API server serves no watch-lists; listing, then watching", err=str(failure))
         listing = self._api.list_slices(self._node_name, CALL_TIMEOUT)
-        self.view.replace(listing.items)
+        self.view.replace(listing.items, listing.resource_version)
         self._wake.set()
         self._follow(self._api.watch_slices(self._node_name, listing.resource_version, seconds), synced=True)
 
@@ -202,13 +225,12 @@ class SlicePublisher:
         initial: list[Json] = []
         for kind, item in events:
             if kind == SYNCED:
-                self.view.replace(initial)
+                self.view.replace(initial, _version(item))
                 synced = True
                 self._wake.set()
             elif not synced:
                 initial.append(item)
-            elif kind in ("ADDED", "MODIFIED", "DELETED"):
-                self.view.apply(kind, item)
+            elif kind in ("ADDED", "MODIFIED", "DELETED") and self.view.apply(kind, item):
                 self._wake.set()
             if self._stop.is_set():
                 return

@@ -70,7 +70,8 @@ def watch(client: Any, resource: Any, field_selector: str, server_timeout: int,
 
 def watch_list(client: Any, resource: Any, field_selector: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
     """A watch-list as lightkube's own watch builds a watch, with sendInitialEvents and bookmarks: ADDED for each
-    object there is, SYNCED at the bookmark that ends them, then the changes; resumed (by lightkube, when the
+    object there is, SYNCED (with that bookmark, whose resourceVersion is the one the initial events show) at the
+    bookmark that ends them, then the changes; resumed (by lightkube, when the
     server ends the watch) as a plain watch from the last version seen, which the bookmarks keep recent."""
     yield from _watch(client, resource, {"fieldSelector": field_selector, "sendInitialEvents": "true",
                                          "resourceVersionMatch": "NotOlderThan"}, server_timeout)
@@ -86,4 +87,4 @@ def _watch(client: Any, resource: Any, params: dict[str, Any], server_timeout: i
         elif ((dict(item).get("metadata") or {}).get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
             for initial_only in ("sendInitialEvents", "resourceVersionMatch"):
                 request.params.pop(initial_only, None)
-            yield SYNCED, {}
+            yield SYNCED, dict(item)

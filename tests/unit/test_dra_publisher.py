@@ -9,7 +9,7 @@ from loguru import logger
 
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure, KubeApi
-from dra_worker.publisher import SlicePublisher
+from dra_worker.publisher import SlicePublisher, SliceView
 from shared.config import DRA_DRIVER
 from simulator.kube_api import FakeKubeApi
 from tests.support.dra import NODE, feed, simulated_node
@@ -218,3 +218,34 @@ def test_an_api_failure_is_raised_to_the_loop_and_the_next_try_repairs(setup, se
     with pytest.raises(ApiFailure):
         publisher.reconcile_once()
     assert publisher.reconcile_once() is True and _devices(server)
+
+
+def _slice(name: str, version: str) -> dict:
+    return {"metadata": {"name": name, "resourceVersion": version}, "spec": {}}
+
+
+def test_the_view_says_whether_an_event_changed_it_so_the_echo_of_an_own_write_wakes_nothing():
+    view = SliceView()
+    view.replace([])
+    assert view.apply("MODIFIED", _slice("a", "10")) is True, "a write's answer: new to the view"
+    assert view.apply("ADDED", _slice("a", "10")) is False, "the watch's echo of that write"
+    assert view.apply("MODIFIED", _slice("a", "9")) is False, "an older state is ignored"
+    assert view.apply("MODIFIED", _slice("a", "11")) is True, "another writer's edit"
+    assert view.apply("DELETED", _slice("a", "12")) is True
+    assert view.apply("DELETED", _slice("a", "12")) is False, "deleted already"
+    assert view.snapshot() == []
+
+
+def test_a_fresh_list_keeps_what_this_worker_wrote_after_the_version_it_was_listed_at():
+    view = SliceView()
+    view.replace([_slice("a", "5"), _slice("b", "6")])
+    view.apply("MODIFIED", _slice("c", "12"))  # created while a new watch-list was being served
+    view.apply("MODIFIED", _slice("a", "11"))  # updated meanwhile
+    view.replace([_slice("a", "5"), _slice("b", "6")], listed_at="10")
+    assert [(s["metadata"]["name"], s["metadata"]["resourceVersion"]) for s in view.snapshot()] == \
+        [("a", "11"), ("b", "6"), ("c", "12")]
+    view.replace([_slice("b", "13")], listed_at="13")  # a and c deleted since: the list is the truth
+    assert [s["metadata"]["name"] for s in view.snapshot()] == ["b"]
+    view.apply("MODIFIED", _slice("d", "14"))
+    view.replace([], listed_at="not a number")
+    assert view.snapshot() == [], "versions that are not numbers: the list alone"
