@@ -7,9 +7,11 @@ release, in one process on loopback; built here unless --harness names the binar
 publishers of the same N nodes, one after the other, each in a process of its own:
 
 - `python`: N instances of worker-dra's own publisher (dra_worker.publisher.SlicePublisher with its own
-  dra_worker.kube.KubeApi client each: one connection per node), spread over as many Python processes as the
-  machine has cores (a node runs its publisher in a process of its own; one Python process, held to one core
-  by its interpreter lock, would measure the benchmark's packing, not the publisher);
+  dra_worker.kube.KubeApi client each: one connection per node), at most PUBLISHERS_PER_PROCESS to a Python
+  process (a node runs its publisher in a process of its own; packed many to an interpreter, they would measure
+  the packing, not the publisher: one interpreter runs on one core at a time, and its threads hand its lock
+  over through the kernel: at 1,000 publishers in one process a fleet-wide change cost 31-49 ms of CPU per
+  node, 80 % of it futex calls, against 3.3-3.7 ms per node at 20 to 300);
 - `go`: N instances of Kubernetes' `k8s.io/dynamic-resource-allocation/resourceslice` controller of the same
   release (`dra-harness publishers`), a client each, in one Go process (which runs on every core).
 
@@ -63,6 +65,7 @@ POLL = 0.5
 PROFILE_SECONDS = 45
 FAULTY = "rbln3"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+PUBLISHERS_PER_PROCESS = 50
 
 
 # -- the inventories both publishers publish ----------------------------------------------------------------
@@ -144,12 +147,14 @@ def serve_python(kubeconfig: str) -> None:
 
 class Publishers:
     """One side's processes (`processes` of `argv` each), driven with JSON lines: a `start` command's nodes are
-    shared out among them, every other command goes to each, and their answers' counts are added up."""
+    shared out among them, every other command goes to each, and their answers' counts are added up. Made once
+    every process answers (its imports and set-up are not part of any row)."""
 
     def __init__(self, argv: list[str], log: pathlib.Path, processes: int = 1):
         self._log = open(log, "w")  # noqa: SIM115 (closed in stop)
         self._procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                         text=True, bufsize=1) for _ in range(processes)]
+        self.request(cmd="stats")
 
     @property
     def pids(self) -> set[int]:
@@ -382,7 +387,8 @@ def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = 
                     else:
                         publishers = Publishers([sys.executable, str(pathlib.Path(__file__).resolve()),
                                                  "--serve-python", server.admin_kubeconfig],
-                                                work_dir / f"{side}-{count}.log", min(count, os.cpu_count() or 1))
+                                                work_dir / f"{side}-{count}.log",
+                                                -(-count // PUBLISHERS_PER_PROCESS))
                     try:
                         rows += run_side(side, fleet, publishers, count, rest, devices, profile)
                     finally:
