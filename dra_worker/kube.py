@@ -203,9 +203,24 @@ class KubeApi:
             raise _failure(exc, "watch ResourceSlices") from None
 
     def create_slice(self, body: Json, timeout: float) -> Json:
-        deadline = self._clock() + timeout
-        return self._call("create ResourceSlice",
-                          lambda: dict(self._client.create(self._slices.from_dict(body))), deadline)
+        """Create a slice of the name in `body`. A retry of a create whose answer was lost finds the slice the
+        first try made (409 AlreadyExists) and returns it; the same name at the first try is another's: 409."""
+        from lightkube import ApiError
+
+        name = body["metadata"]["name"]
+        tries = 0
+
+        def work() -> Json:
+            nonlocal tries
+            tries += 1
+            try:
+                return dict(self._client.create(self._slices.from_dict(body)))
+            except ApiError as exc:
+                if tries == 1 or exc.status.code != 409:
+                    raise
+            return dict(self._client.get(self._slices, name))
+
+        return self._call(f"create ResourceSlice {name}", work, self._clock() + timeout)
 
     def replace_slice(self, body: Json, timeout: float) -> Json:
         """Update a slice; its metadata.resourceVersion is the precondition (409 Conflict if it changed)."""

@@ -314,7 +314,8 @@ class SlicePublisher:
                 if not self._node_uid:
                     self._node_uid = self._api.node_uid(self._node_name, CALL_TIMEOUT)
                 spec = wanted[index]
-                written = self._api.create_slice(slices.new_slice(self._node_name, self._node_uid, spec), CALL_TIMEOUT)
+                body = slices.new_slice(self._node_name, self._node_uid, spec, slices.slice_name(self._node_name))
+                written = self._api.create_slice(body, CALL_TIMEOUT)
             self.view.apply("MODIFIED", written)
             if self._taint_effect is not None and slices.taints_dropped(spec, written.get("spec") or {}):
                 self._taint_effect = None

@@ -9,7 +9,8 @@ instead, and comes back when it recovers.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dra_worker.inventory import NodeInventory, ServedDevice
@@ -32,6 +33,10 @@ _VF_COUNT = {Resource.NPU_VF1: 1, Resource.NPU_VF4: 4}
 # label, a string attribute at most 64 characters.
 _DEVICE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_STRING_ATTRIBUTE = 64
+# The API server's generated names: a prefix of at most 58 characters and 5 of these (k8s.io/apiserver's
+# names.SimpleNameGenerator), 63 in all.
+_NAME_PREFIX_CHARS = 58
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 Json = dict[str, Any]
 
@@ -122,9 +127,16 @@ def slice_specs(node_name: str, devices: Sequence[Json], generation: int, per_sl
              "devices": chunk} for chunk in chunks]
 
 
-def new_slice(node_name: str, node_uid: str, spec: Json) -> Json:
+def slice_name(node_name: str, draw: Callable[[str], str] = secrets.choice) -> str:
+    """A new slice's name, as the API server would generate one (the first 58 characters of the prefix, then 5
+    drawn from its alphabet), but chosen here: a create retried after its answer was lost (the connection gone
+    with the request on its way) then finds the slice the first try made (409) instead of making a second."""
+    return f"{node_name}-{DRA_DRIVER}-"[:_NAME_PREFIX_CHARS] + "".join(draw(_NAME_ALPHABET) for _ in range(5))
+
+
+def new_slice(node_name: str, node_uid: str, spec: Json, name: str) -> Json:
     return {"apiVersion": API_VERSION, "kind": "ResourceSlice",
-            "metadata": {"generateName": f"{node_name}-{DRA_DRIVER}-"[:200],
+            "metadata": {"name": name,
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node_name,
                                               "uid": node_uid, "controller": True}]},
             "spec": spec}

@@ -1,8 +1,9 @@
 """A loopback HTTP stand-in for the few API server endpoints worker-dra calls: the API server of
 `rbln-device-plugin simulate --resource-api dra`, and of the tests of worker-dra's client and the benchmarks
 (the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
-every request, and can be told to fail the next requests with a status. ResourceSlices have resource versions
-(one counter for all, as etcd's), updates and deletes honour them as preconditions (409), and a watch streams
+every request, and can be told to fail the next requests with a status, or to carry them out and lose their
+answers. ResourceSlices have resource versions (one counter for all, as etcd's), updates and deletes honour them
+as preconditions (409), a create of a name there is already is refused (409 AlreadyExists), and a watch streams
 the slices' changes after a version until its timeoutSeconds pass or `end_watches` ends them; a watch-list
 (sendInitialEvents) first sends the slices there are and the bookmark that ends them, or 422 while
 `watch_lists` is off, as from an API server without the WatchList feature. Given a key and a
@@ -52,6 +53,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if query.get("watch") == "true":
                 return self._stream(query)
             status, answer = api._route(self.command, self.path, body)
+            if api.lose_answers:
+                api.lose_answers -= 1
+                self.close_connection = True
+                return None
         self._answer(status, answer)
 
     def _stream(self, query: dict[str, str]) -> None:
@@ -96,6 +101,8 @@ class FakeKubeApi:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.fail: list[int] = []
+        self.lose_answers = 0
+        """The next this many requests are carried out and their connections closed without an answer."""
         self.taints_off = False
         """Store slices without their devices' taints, as an API server with DRADeviceTaints off does."""
         self._names = itertools.count()
@@ -230,6 +237,8 @@ class FakeKubeApi:
                              "metadata": {"resourceVersion": str(self._version)}, "items": items}
             if method == "POST":
                 name = body["metadata"].get("name") or body["metadata"]["generateName"] + str(next(self._names))
+                if name in self.slices:
+                    return 409, _status(409, f"resourceslices {name!r} already exists", reason="AlreadyExists")
                 body["metadata"] = {**body["metadata"], "name": name, "uid": f"uid-{name}"}
                 return 201, self._store_slice(body, "ADDED")
         if url.path.startswith(RESOURCE + "/resourceslices/"):
@@ -237,6 +246,8 @@ class FakeKubeApi:
             if name not in self.slices:
                 return 404, _status(404, "slice not found")
             stored = self.slices[name]["metadata"]
+            if method == "GET":
+                return 200, self.slices[name]
             if method == "PUT":
                 if body["metadata"].get("resourceVersion") not in (None, stored["resourceVersion"]):
                     return 409, _status(409, "the object has been modified")
@@ -269,8 +280,8 @@ def _field(obj: dict[str, Any], dotted: str) -> Any:
     return obj
 
 
-def _status(code: int, message: str) -> dict[str, Any]:
+def _status(code: int, message: str, reason: str | None = None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Status", "status": "Failure" if code >= 400 else "Success",
-            "code": code, "reason": {404: "NotFound", 409: "Conflict", 422: "Invalid",
-                                     503: "ServiceUnavailable", 403: "Forbidden"}.get(code, ""),
+            "code": code, "reason": reason or {404: "NotFound", 409: "Conflict", 422: "Invalid",
+                                               503: "ServiceUnavailable", 403: "Forbidden"}.get(code, ""),
             "message": message}

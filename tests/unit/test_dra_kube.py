@@ -149,7 +149,7 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
     got = client.get_claim("team-b", "c2", timeout=5)
     assert got["status"]["futureStatus"] == {"someCamelCase": [1, 2]} and got["spec"]["futureSpec"] is True
     created = client.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                                   "metadata": {"generateName": "node-a-"},
+                                   "metadata": {"name": "node-a-slice"},
                                    "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE, "futureField": "x",
                                             "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
                                             "devices": []}}, timeout=5)
@@ -193,3 +193,24 @@ def test_a_claim_s_device_status_is_applied_to_the_status_subresource_with_the_c
             client.apply_claim_status("team-c", "c3", "replaced", [entry], timeout=5)
     finally:
         server.stop()
+
+
+def _new_slice(name: str) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE,
+                     "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+
+
+def test_a_create_whose_answer_was_lost_is_retried_and_finds_its_slice_instead_of_making_a_second(server, client):
+    server.lose_answers = 1  # carried out, the connection closed before the answer
+    created = client.create_slice(_new_slice("node-a-npu.rebellions.ai-x2b4c"), timeout=5)
+    assert list(server.slices) == ["node-a-npu.rebellions.ai-x2b4c"]
+    assert created["metadata"]["uid"] == server.slices["node-a-npu.rebellions.ai-x2b4c"]["metadata"]["uid"]
+    assert [method for method, _ in server.requests] == ["POST", "POST", "GET"]
+
+
+def test_a_name_taken_at_the_first_try_is_another_s_slice_and_a_conflict(server, client):
+    client.create_slice(_new_slice("taken"), timeout=5)
+    with pytest.raises(ApiFailure) as refused:
+        client.create_slice(_new_slice("taken"), timeout=5)
+    assert refused.value.status == 409

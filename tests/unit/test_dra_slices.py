@@ -141,3 +141,12 @@ def test_what_the_api_server_would_refuse_the_whole_slice_for_is_left_out():
     assert "productName" not in attributes
     assert [slices.publishable(name) for name in ("rbln0", "rbln0-3", "RBLN0", "rbln_0", "rbln.0", "x" * 64)] == [
         True, True, False, False, False, False]
+
+
+def test_a_new_slice_s_name_is_shaped_as_the_api_server_generates_them():
+    names = {slices.slice_name("n" * 80) for _ in range(50)}
+    assert len(names) > 1, "drawn afresh for each slice"
+    for name in names:
+        assert len(name) == 63 and name.startswith("n" * 58)
+        assert set(name[58:]) <= set("bcdfghjklmnpqrstvwxz2456789")
+    assert slices.slice_name("node-a", draw=lambda alphabet: alphabet[0]) == "node-a-npu.rebellions.ai-bbbbb"
