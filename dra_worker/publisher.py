@@ -81,23 +81,30 @@ def _version(item: Json) -> object:
     return (item.get("metadata") or {}).get("resourceVersion")
 
 
+def _number(version: object) -> int | None:
+    """A resourceVersion as a number. Versions are opaque to clients, but all of them come from one API
+    server's etcd: compared as numbers when they are numbers."""
+    if not isinstance(version, str | int):
+        return None
+    try:
+        return int(version)
+    except ValueError:
+        return None
+
+
 def _later_than(item: Json, version: object) -> bool:
     """Whether `item`'s state was written after `version` (False when either is not a number)."""
-    try:
-        return int(_version(item)) > int(version)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return False
+    written, listed = _number(_version(item)), _number(version)
+    return written is not None and listed is not None and written > listed
 
 
 def _newer(candidate: Json, known: Json | None) -> bool:
-    """Whether `candidate` is a later state of the object than `known`. Versions are opaque to clients, but
-    both come from one API server's etcd: compared as numbers when they are numbers, else the candidate wins."""
+    """Whether `candidate` is a later state of the object than `known` (the candidate, when either version is
+    not a number)."""
     if known is None:
         return True
-    try:
-        return int(candidate["metadata"]["resourceVersion"]) >= int(known["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return True
+    mine, theirs = _number(_version(candidate)), _number(_version(known))
+    return mine is None or theirs is None or mine >= theirs
 
 
 class SliceView:

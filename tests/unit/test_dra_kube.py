@@ -140,6 +140,12 @@ def test_a_watch_that_reads_nothing_for_the_read_idle_time_ends(server, tmp_path
     server.end_watches()
 
 
+def _new_slice(name: str) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE,
+                     "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+
+
 def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(server, client):
     """A newer API server's fields (here made up) are neither dropped nor renamed on the way in or out."""
     body = claim("uid-2", ["rbln1"], name="c2", namespace="team-b")
@@ -148,11 +154,8 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
                                        **body, "spec": {"devices": {}, "futureSpec": True}}
     got = client.get_claim("team-b", "c2", timeout=5)
     assert got["status"]["futureStatus"] == {"someCamelCase": [1, 2]} and got["spec"]["futureSpec"] is True
-    created = client.create_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                                   "metadata": {"name": "node-a-slice"},
-                                   "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE, "futureField": "x",
-                                            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                                            "devices": []}}, timeout=5)
+    body = _new_slice("node-a-slice")
+    created = client.create_slice({**body, "spec": {**body["spec"], "futureField": "x"}}, timeout=5)
     (stored,) = server.slices.values()
     assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
     assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5).items] == ["x"]
@@ -193,12 +196,6 @@ def test_a_claim_s_device_status_is_applied_to_the_status_subresource_with_the_c
             client.apply_claim_status("team-c", "c3", "replaced", [entry], timeout=5)
     finally:
         server.stop()
-
-
-def _new_slice(name: str) -> dict:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": "npu.rebellions.ai", "nodeName": NODE,
-                     "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
 
 
 def test_a_create_whose_answer_was_lost_is_retried_and_finds_its_slice_instead_of_making_a_second(server, client):
