@@ -8,11 +8,14 @@ the slices' changes after a version until its timeoutSeconds pass or `end_watche
 (sendInitialEvents) first sends the slices there are and the bookmark that ends them, or 422 while
 `watch_lists` is off, as from an API server without the WatchList feature. Given a key and a
 certificate, it serves HTTPS with them, and its kubeconfig names the certificate as the cluster's CA, as a real
-API server is reached: what the client loads and runs for TLS is then part of what is measured."""
+API server is reached: what the client loads and runs for TLS is then part of what is measured. It speaks
+HTTP/1.1 and HTTP/2 on the one port (simulator/http2_server.py carries HTTP/2), and can play the ways an HTTP/2
+connection ends: a GOAWAY, or a server that goes silent."""
 
 from __future__ import annotations
 
 import base64
+import functools
 import http.server
 import itertools
 import json
@@ -21,79 +24,135 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
+from simulator.http2_server import Http2Server, Request, Stream
+
 RESOURCE = "/apis/resource.k8s.io/v1"
+_JSON_CONTENT = [("content-type", "application/json")]
+
+
+class _Watch:
+    """A watch's events, whichever protocol carries them. Iterating yields each event's line (JSON and a newline):
+    a watch-list's slices and the bookmark that ends them first, then the slices' changes after the version asked
+    for as they come, and b"" whenever 0.2 s pass without one, so that a transport can look whether its client is
+    still there. It ends when its timeoutSeconds pass or `end_watches` ends it."""
+
+    def __init__(self, api: FakeKubeApi, query: dict[str, str]) -> None:
+        """Called with the api's lock held: the watch starts from the state of the moment it was asked for."""
+        self._api = api
+        self._since = int(query.get("resourceVersion") or 0)
+        self._deadline = time.monotonic() + int(query.get("timeoutSeconds") or 3600)
+        self._generation = api._watch_generation
+        self._wanted = _selector(query)
+        self._initial: list[bytes] = []
+        if query.get("sendInitialEvents") == "true":
+            self._since = api._version
+            events = [{"type": "ADDED", "object": item} for item in api.slices.values()
+                      if _selected(item, self._wanted)]
+            events.append({"type": "BOOKMARK", "object": {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
+                    "resourceVersion": str(self._since), "annotations": {"k8s.io/initial-events-end": "true"}}}})
+            self._initial = [_line(event) for event in events]
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._initial
+        while True:
+            # Never yields with the lock held: the transport's writes may wait for the client.
+            with self._api._lock:
+                if self._api._watch_generation != self._generation or time.monotonic() >= self._deadline:
+                    return
+                changes = self._changes()
+                if not changes:
+                    self._api._lock.wait(min(0.2, max(0.0, self._deadline - time.monotonic())))
+            yield from changes or [b""]
+
+    def _changes(self) -> list[bytes]:
+        """With the lock held: the lines of the changes since the last looked at that the watch selects."""
+        lines = []
+        for version, kind, item in [e for e in self._api._events if e[0] > self._since]:
+            self._since = version
+            if _selected(item, self._wanted):
+                lines.append(_line({"type": kind, "object": item}))
+        return lines
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """One request to the stand-in: its `server.api` answers it."""
+    """One request to the stand-in over HTTP/1.1: its `server.api` answers it."""
 
     def log_message(self, *args: Any) -> None:
         pass
 
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
+    def _handle(self) -> None:
+        api: FakeKubeApi = self.server.api  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        answer = api._answer(self.command, self.path, self.rfile.read(length) if length else b"")
+        if answer is None:
+            self.close_connection = True  # the answer lost: the connection closes without it
+        elif isinstance(answer, _Watch):
+            self._stream(answer)
+        else:
+            self._reply(*answer)
+
+    def _reply(self, status: int, data: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
-    def _handle(self) -> None:
-        api: FakeKubeApi = self.server.api  # type: ignore[attr-defined]
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        with api._lock:
-            api.requests.append((self.command, self.path))
-            if api.fail:
-                status = api.fail.pop(0)
-                return self._answer(status, _status(status, "injected"))
-            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
-            if query.get("watch") == "true":
-                return self._stream(query)
-            status, answer = api._route(self.command, self.path, body)
-            if api.lose_answers:
-                api.lose_answers -= 1
-                self.close_connection = True
-                return None
-        self._answer(status, answer)
-
-    def _stream(self, query: dict[str, str]) -> None:
-        """Called with the lock held: the events after the version asked for, as they come."""
-        api: FakeKubeApi = self.server.api  # type: ignore[attr-defined]
-        since, ends = int(query.get("resourceVersion") or 0), int(query.get("timeoutSeconds") or 3600)
-        generation, deadline = api._watch_generation, time.monotonic() + ends
-        wanted = _selector(query)
-        initial = query.get("sendInitialEvents") == "true"
-        if initial and not api.watch_lists:
-            return self._answer(422, _status(422, "sendInitialEvents is forbidden for watch"))
+    def _stream(self, watch: _Watch) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
-        if initial:
-            since = api._version
-            lines = [{"type": "ADDED", "object": item} for item in api.slices.values()
-                     if _selected(item, wanted)]
-            lines.append({"type": "BOOKMARK", "object": {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
-                    "resourceVersion": str(since), "annotations": {"k8s.io/initial-events-end": "true"}}}})
-            self.wfile.write(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
-        while api._watch_generation == generation and time.monotonic() < deadline:
-            for version, kind, item in [e for e in api._events if e[0] > since]:
-                since = version
-                if _selected(item, wanted):
-                    try:
-                        self.wfile.write(json.dumps({"type": kind, "object": item}).encode() + b"\n")
-                        self.wfile.flush()
-                    except OSError:  # the client went away
-                        return
-            api._lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+        for line in watch:
+            if line:
+                try:
+                    self.wfile.write(line)
+                    self.wfile.flush()
+                except OSError:  # the client went away
+                    return
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
 
+def _serve_http2(api: FakeKubeApi, request: Request, stream: Stream) -> None:
+    """One request to the stand-in over HTTP/2, on its stream's own thread."""
+    answer = api._answer(request.method, request.path, request.body)
+    if answer is None:
+        stream.drop_connection()  # the answer lost, as a real API server's "Server disconnected"
+    elif isinstance(answer, _Watch):
+        if stream.start(200, _JSON_CONTENT) and all(stream.send(line) for line in answer):
+            stream.end()  # else the client reset the stream, or the connection closed: the watch stops
+    else:
+        status, data = answer
+        stream.respond(status, data, _JSON_CONTENT)
+
+
 class FakeKubeApi:
+    """The stand-in: its dicts hold the objects, `requests` the (method, path with query) of each request.
+
+    It serves HTTP/1.1 and HTTP/2 on one port (simulator/http2_server.py): over TLS as ALPN chose, h2 offered
+    first; over plain HTTP, HTTP/2 with prior knowledge when a connection opens with its preface. Both answer
+    alike, and these work for both:
+
+    `fail`: statuses to answer the next requests with, one each, before anything is carried out.
+    `lose_answers`: the next this many requests are carried out and their connections closed unanswered (over
+    HTTP/2 the whole TCP connection, every stream on it lost, as a real API server's "Server disconnected").
+    `taints_off`, `watch_lists`: an API server without DRADeviceTaints, or without the WatchList feature.
+    `end_watches()`: ends every open watch, as an API server's restart does.
+
+    For tests of an HTTP/2 client:
+    `goaway()`: a GOAWAY (NO_ERROR, last stream = the highest the client opened) on every open HTTP/2
+    connection; its streams in flight are answered (a watch runs to its end), then the connection is closed, and
+    streams opened after the GOAWAY are refused (REFUSED_STREAM).
+    `unresponsive` (bool, False): while True, HTTP/2 connections read and answer nothing at all, not even PINGs
+    or SETTINGS: a server gone without a word. A connection that was in use meanwhile stays silent for good,
+    even after it is set back to False (its client's bytes went unread); new connections answer again.
+    `connections` (int): the TCP connections accepted so far, of either protocol, to check that a client
+    keeps to one."""
+
     def __init__(self, tls: tuple[pathlib.Path, pathlib.Path] | None = None) -> None:
         """`tls`: (key, certificate) PEM files to serve HTTPS with; plain HTTP without."""
         self.slices: dict[str, dict[str, Any]] = {}
@@ -112,21 +171,36 @@ class FakeKubeApi:
         self.watch_lists = True
         # Guards everything above against the server's threads; watches wait on it for changes.
         self._lock = threading.Condition()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.api = self  # type: ignore[attr-defined]
         self._ca: bytes | None = None
+        context = None
         if tls is not None:
             key, cert = tls
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(cert, key)
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
             self._ca = cert.read_bytes()
+        self._server = Http2Server(("127.0.0.1", 0), _Handler, functools.partial(_serve_http2, self), tls=context)
+        self._server.api = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
         scheme = "http" if self._ca is None else "https"
         return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def connections(self) -> int:
+        return self._server.connections
+
+    @property
+    def unresponsive(self) -> bool:
+        return self._server.unresponsive
+
+    @unresponsive.setter
+    def unresponsive(self, value: bool) -> None:
+        self._server.unresponsive = value
+
+    def goaway(self) -> None:
+        self._server.goaway()
 
     def start(self) -> FakeKubeApi:
         self._thread.start()
@@ -204,6 +278,26 @@ class FakeKubeApi:
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
         return path
 
+    def _answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes] | _Watch | None:
+        """What to answer a request, whichever protocol brought it: a status and its JSON, a watch to stream, or
+        None for an answer to lose (the request carried out, its connection to be closed unanswered)."""
+        document = json.loads(body) if body else None
+        with self._lock:
+            self.requests.append((method, path))
+            if self.fail:
+                status = self.fail.pop(0)
+                return status, _json(_status(status, "injected"))
+            query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query))
+            if query.get("watch") == "true":
+                if query.get("sendInitialEvents") == "true" and not self.watch_lists:
+                    return 422, _json(_status(422, "sendInitialEvents is forbidden for watch"))
+                return _Watch(self, query)
+            status, answer = self._route(method, path, document)
+            if self.lose_answers:
+                self.lose_answers -= 1
+                return None
+            return status, _json(answer)  # made under the lock: a claim's status is changed in place
+
     def _apply_claim_status(self, namespace: str, name: str, body: Any) -> tuple[int, Any]:
         """Server-side apply of status.devices as the API server merges it: entries by driver, pool and device."""
         claim = self.claims.get((namespace, name))
@@ -260,6 +354,14 @@ class FakeKubeApi:
                 self._drop_slice(name)
                 return 200, _status(200, "deleted")
         return 404, _status(404, f"no route {method} {url.path}")
+
+
+def _json(body: Any) -> bytes:
+    return json.dumps(body).encode()
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return _json(event) + b"\n"
 
 
 def _device_key(entry: dict[str, Any]) -> tuple[Any, ...]:
