@@ -1,43 +1,42 @@
-"""The API server, as worker-dra uses it: a few calls on plain dicts, through lightkube.
+"""The API server, as worker-dra uses it: a few calls on plain dicts, over one HTTP/2 connection.
 
-lightkube is imported by this module alone (worker-dra's only): no other process pays for it. ResourceSlices and
-ResourceClaims go through lightkube's generic resources, which are the JSON objects themselves: the typed models
-of lightkube-models' resource_v1 would cost the worker 0.3 MiB of classes, a conversion each way per call, and
-any field they do not know (a newer API server's) on the way through. Credentials are
-the pod's service account, or the kubeconfig file KUBECONFIG names. A call that fails for a reason that may
-pass (the server unreachable, overloaded, a 5xx, 429) is retried with backoff up to a deadline; what the
-server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
+ResourceSlices, ResourceClaims and the Node are the JSON objects themselves: no typed models (a conversion each
+way per call, and any field a newer API server adds lost on the way through). Credentials are the pod's service
+account, or the kubeconfig file KUBECONFIG names (dra_worker/api_credentials.py). A call that fails for a reason
+that may pass (the server unreachable, overloaded, a 5xx, 429, an answer lost with its connection) is retried with
+backoff up to a deadline; what the server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 
-One connection to the API server per worker, as client-go keeps: HTTP/2 (offered in TLS's ALPN; a server that
-does not take it is spoken HTTP/1.1 to, a connection for the watch and one for the calls) multiplexes the watch and
-every call, so a write after a quiet while costs the API server no new TLS handshake
-(docs/dra.md#publishing-and-its-api-cost). The watcher and the publisher are two threads on that one
-connection: its reads are taken in turn (shared/fence/httpcore_fair_reads.py), else a reply the watcher read for
-the publisher stays unseen while the watch is quiet.
+One connection to the API server per worker, as client-go keeps (dra_worker/http2_client.py): the watch and every
+call are streams of it, so a write after a quiet while costs the API server no new TLS handshake
+(docs/dra.md#publishing-and-its-api-cost). The client is this project's own: the general-purpose stack it
+replaced (lightkube, httpx, httpcore) cost a publisher 3.6 ms of CPU per change and two fences in their
+internals; this costs about a third of that (bench/README.md).
 
-ResourceSlices are watched with lightkube's own watch (its sync client, the one worker-dra uses already: no
-second HTTP stack, no asyncio loop for one stream): it resumes a watch the server ends at its timeout from the
-last version it saw, and raises what ends it otherwise. Its requests are built from lightkube's generic client as
-its own calls build theirs, behind the fence (shared/fence/lightkube_requests.py, checked against the lightkube
-release pinned in pyproject.toml): the watch-list (the slices as they are and then their changes, in one watch
-request with bookmarks, as client-go's informers ask since Kubernetes 1.32: no list request), a plain watch with
-bookmarks (an API server without watch-lists), and deletes with preconditions (UID and resourceVersion). The
-bookmarks (about one a minute) let a watch that reads nothing for WATCH_READ_IDLE seconds be taken for dead: a
-connection lost without a word (a peer gone, a NAT entry dropped) is replaced, not waited on for ever; client-go
-pings an idle HTTP/2 connection instead, which lightkube's transport cannot.
+ResourceSlices are watched as client-go's informers watch since Kubernetes 1.32: a watch-list (the slices as they
+are, then the bookmark that ends them, then their changes: no list request), with bookmarks; a plain list and
+watch for an API server without watch-lists. A watch the server ends at its timeout is resumed from the last
+version seen (the bookmarks keep it recent); whatever else ends it is raised. Answers are asked uncompressed
+(no accept-encoding): kube-apiserver 1.37 held a gzip-compressed watch-list's later events back for seconds
+(measured in tests/dra). Deletes name the UID and resourceVersion the worker saw as preconditions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import pathlib
+import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shared.config import DRA_DRIVER
-from shared.fence.httpcore_fair_reads import fair_reads
-from shared.fence.lightkube_requests import delete_with_preconditions, read_idle, uncompressed, watch, watch_list
+from shared.version import VERSION
+
+if TYPE_CHECKING:
+    from dra_worker.http2_client import Http2Connection, Response
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -45,9 +44,14 @@ FIELD_MANAGER = DRA_DRIVER
 _RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
-# A watch that reads nothing for this long is taken for dead (its connection lost without a word): the API server
-# sends a bookmark on it about once a minute (and its events, and over HTTP/2 the calls' answers, come between).
-WATCH_READ_IDLE = 90.0
+SYNCED = "SYNCED"
+"""The event after a watch-list's initial ADDED events: from here on the view is the server's."""
+_RESOURCE = "/apis/resource.k8s.io/v1"
+_SLICES = f"{_RESOURCE}/resourceslices"
+_USER_AGENT = f"rbln-dra-worker/{VERSION}".encode()
+# The annotation of the bookmark that ends a watch-list's initial events.
+_INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_INITIAL_ONLY = ("sendInitialEvents", "resourceVersionMatch")
 
 
 class ApiFailure(RuntimeError):
@@ -73,8 +77,6 @@ class Backoff:
         self._next = 0.0
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class SliceList:
     items: list[Json]
@@ -82,52 +84,98 @@ class SliceList:
     """The list's version: a watch from it misses nothing."""
 
 
-def _failure(exc: Exception, what: str) -> ApiFailure:
-    from lightkube import ApiError
-
-    if isinstance(exc, ApiError):
-        return ApiFailure(f"{what}: {exc.status.code} {exc.status.reason}: {exc.status.message}",
-                          exc.status.code)
-    response: Any = getattr(exc, "response", None)  # httpx's status error: a watch's refusal, its body unread
-    status = getattr(response, "status_code", None)
-    if isinstance(status, int):
-        return ApiFailure(f"{what}: {status} {getattr(response, 'reason_phrase', '')}", status)
-    return ApiFailure(f"{what}: {type(exc).__name__}: {exc}")
+def _quoted(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
 
 
-def _kubeconfig(path: pathlib.Path) -> Any:
-    """The kubeconfig file, as lightkube's `KubeConfig.from_file` reads it but with libyaml's parser where PyYAML
-    has it: the pure-Python one took 1.6 ms of a worker's start, of about 12 ms of CPU until its slices are
-    published (0.13 ms with libyaml)."""
-    import yaml
-    from lightkube import ConfigError, KubeConfig
+def _failure(what: str, response: Response) -> ApiFailure:
+    """What the server refused, from its Status object where it sent one."""
+    try:
+        status = json.loads(response.body)
+    except ValueError:
+        status = None
+    if not isinstance(status, dict) or status.get("kind") != "Status":
+        return ApiFailure(f"{what}: {response.status} {response.body[:200]!r}", response.status)
+    return ApiFailure(f"{what}: {response.status} {status.get('reason') or ''}: {status.get('message') or ''}",
+                      response.status)
 
-    path = path.expanduser()
-    if not path.is_file():
-        raise ConfigError(f"Configuration file {path} not found")
-    return KubeConfig.from_dict(yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)),
-                                fname=path)
+
+def _decoded(what: str, response: Response) -> Json:
+    if response.status >= 300:
+        raise _failure(what, response)
+    try:
+        answer = json.loads(response.body)
+    except ValueError as exc:
+        raise ApiFailure(f"{what}: the answer is not JSON ({exc})") from None
+    if not isinstance(answer, dict):
+        raise ApiFailure(f"{what}: the answer is a JSON {type(answer).__name__}, not an object")
+    return answer
 
 
 class KubeApi:
     def __init__(self, kubeconfig: pathlib.Path | None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, request_timeout: float = 10.0):
-        import httpx2
-        from lightkube import Client, KubeConfig
-        from lightkube.config.kubeconfig import SingleConfig
-        from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+                 clock: Callable[[], float] = time.monotonic, request_timeout: float = 10.0,
+                 environ: Mapping[str, str] = os.environ, service_account: pathlib.Path | None = None):
+        """`clock` and `sleep` pace the retries; a request's own `request_timeout` is in real time. The HTTP/2
+        client is imported here, not with this module (its ApiFailure is the worker's): h2 costs 26 ms and
+        3.7 MiB, paid when the first API call is made."""
+        from dra_worker.api_credentials import SERVICE_ACCOUNT, from_kubeconfig, from_service_account
 
-        config: KubeConfig | SingleConfig = (_kubeconfig(kubeconfig) if kubeconfig is not None
-                                             else KubeConfig.from_service_account())
-        fair_reads()
-        self._client = Client(config, field_manager=FIELD_MANAGER, timeout=httpx2.Timeout(request_timeout),
-                              trust_env=False, http2=True)
-        uncompressed(self._client)
-        read_idle(self._client, WATCH_READ_IDLE)
+        self._endpoint = (from_kubeconfig(kubeconfig.expanduser()) if kubeconfig is not None
+                          else from_service_account(environ, service_account or SERVICE_ACCOUNT))
         self._sleep = sleep
         self._clock = clock
-        self._slices = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
-        self._claims = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+        self._request_timeout = request_timeout
+        self._connecting = threading.Lock()  # guards _connection: the watcher and the publisher both call
+        self._connection: Http2Connection | None = None
+
+    def close(self) -> None:
+        with self._connecting:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    def _live_connection(self) -> Http2Connection:
+        """The connection, a new one if it failed or the server sent it away (one sent away keeps serving the
+        streams it has, and closes when they end)."""
+        from dra_worker.http2_client import connect
+
+        with self._connecting:
+            if self._connection is None or not self._connection.usable:
+                self._connection = connect(self._endpoint, self._request_timeout)
+            return self._connection
+
+    def _open(self, method: str, path: str, body: Json | None = None,
+              content_type: bytes = b"application/json") -> tuple[Http2Connection, Any]:
+        from dra_worker.http2_client import NotSent
+
+        # No accept-encoding: the answers come uncompressed (module docstring)
+        headers = [(b"accept", b"application/json"), (b"user-agent", _USER_AGENT)]
+        if self._endpoint.token is not None:
+            headers.append((b"authorization", b"Bearer " + self._endpoint.token().encode()))
+        data = b""
+        if body is not None:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            headers.append((b"content-type", content_type))
+        connection = self._live_connection()
+        try:
+            return connection, connection.open(method, path, headers, data)
+        except NotSent:  # the connection was sent away since it was taken: once more, on a new one
+            connection = self._live_connection()
+            return connection, connection.open(method, path, headers, data)
+
+    def _request(self, what: str, method: str, path: str, body: Json | None = None,
+                 content_type: bytes = b"application/json") -> Json:
+        from dra_worker.http2_client import ConnectionLost
+
+        try:
+            connection, stream = self._open(method, path, body, content_type)
+            response = connection.response(stream, time.monotonic() + self._request_timeout)
+        except TimeoutError:
+            raise ApiFailure(f"{what}: no answer in {self._request_timeout:g} s") from None
+        except ConnectionLost as exc:
+            raise ApiFailure(f"{what}: {exc}") from None
+        return _decoded(what, response)
 
     def _call(self, what: str, work: Callable[[], T], deadline: float) -> T:
         """`work()`, retried with backoff while it fails for a passing reason and time remains."""
@@ -135,107 +183,174 @@ class KubeApi:
         while True:
             try:
                 return work()
-            except Exception as exc:  # lightkube raises ApiError, httpx's errors, and more for a broken answer
-                failure = _failure(exc, what)
+            except ApiFailure as failure:
                 if failure.status is not None and failure.status not in _RETRIABLE_STATUS:
-                    raise failure from None
+                    raise
                 pause = backoff.pause()
                 if self._clock() + pause > deadline:
-                    raise failure from None
+                    raise
                 self._sleep(pause)
 
     def get_claim(self, namespace: str, name: str, timeout: float) -> Json:
-        deadline = self._clock() + timeout
-        return self._call(f"get ResourceClaim {namespace}/{name}",
-                          lambda: dict(self._client.get(self._claims, name, namespace=namespace)), deadline)
+        what = f"get ResourceClaim {namespace}/{name}"
+        path = f"{_RESOURCE}/namespaces/{_quoted(namespace)}/resourceclaims/{_quoted(name)}"
+        return self._call(what, lambda: self._request(what, "GET", path), self._clock() + timeout)
 
     def apply_claim_status(self, namespace: str, name: str, uid: str, devices: list[Json], timeout: float) -> None:
         """Server-side apply of the claim's status.devices (this driver's entries; the UID must still match)."""
-        from lightkube.types import PatchType
-
-        deadline = self._clock() + timeout
+        what = f"apply the status of ResourceClaim {namespace}/{name}"
+        path = (f"{_RESOURCE}/namespaces/{_quoted(namespace)}/resourceclaims/{_quoted(name)}/status?"
+                + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"}))
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid}, "status": {"devices": devices}}
-        self._call(f"apply the status of ResourceClaim {namespace}/{name}",
-                   lambda: self._client.patch(self._claims.Status, name, body, namespace=namespace,
-                                              patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True),
-                   deadline)
+        self._call(what, lambda: self._request(what, "PATCH", path, body, b"application/apply-patch+yaml"),
+                   self._clock() + timeout)
 
     def node_uid(self, node_name: str, timeout: float) -> str:
-        from lightkube.resources.core_v1 import Node
-
-        deadline = self._clock() + timeout
-        node = self._call(f"get Node {node_name}", lambda: self._client.get(Node, node_name), deadline)
-        return str(node.metadata.uid) if node.metadata is not None else ""
-
-    def _slice_fields(self, node_name: str) -> dict[str, Any]:
-        return {"spec.driver": DRA_DRIVER, "spec.nodeName": node_name}
+        what = f"get Node {node_name}"
+        node = self._call(what, lambda: self._request(what, "GET", f"/api/v1/nodes/{_quoted(node_name)}"),
+                          self._clock() + timeout)
+        return str((node.get("metadata") or {}).get("uid") or "")
 
     def _selector(self, node_name: str) -> str:
-        return ",".join(f"{key}={value}" for key, value in sorted(self._slice_fields(node_name).items()))
+        return f"spec.driver={DRA_DRIVER},spec.nodeName={node_name}"
 
     def list_slices(self, node_name: str, timeout: float) -> SliceList:
         """This driver's slices of the node, and the list's version to watch from."""
-        def work() -> SliceList:
-            listing = self._client.list(self._slices, fields=self._slice_fields(node_name))
-            items = [dict(s) for s in listing]
-            return SliceList(items, listing.resourceVersion)
+        what = "list ResourceSlices"
+        path = f"{_SLICES}?" + urllib.parse.urlencode({"fieldSelector": self._selector(node_name)})
 
-        return self._call("list ResourceSlices", work, self._clock() + timeout)
+        def work() -> SliceList:
+            listing = self._request(what, "GET", path)
+            items = listing.get("items")
+            version = (listing.get("metadata") or {}).get("resourceVersion")
+            if not isinstance(items, list) or not isinstance(version, str):
+                raise ApiFailure(f"{what}: the answer is no list of slices with a resourceVersion")
+            return SliceList(items, version)
+
+        return self._call(what, work, self._clock() + timeout)
 
     def watch_list_slices(self, node_name: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
-        """This driver's slices of the node as ADDED events, then SYNCED, then their changes (ADDED, MODIFIED,
-        DELETED), for as long as the watch lasts (see `watch_slices`); ApiFailure for what ends it, 422 from a
-        server that does not serve watch-lists."""
-        try:
-            yield from watch_list(self._client, self._slices, self._selector(node_name), server_timeout)
-        except Exception as exc:  # as watch_slices
-            raise _failure(exc, "watch-list ResourceSlices") from None
+        """This driver's slices of the node as ADDED events, then SYNCED (with the bookmark that ends them: its
+        resourceVersion is the one the initial events show), then their changes (ADDED, MODIFIED, DELETED), for as
+        long as the watch lasts (see `watch_slices`); ApiFailure for what ends it, 422 from a server that does not
+        serve watch-lists."""
+        yield from self._watch("watch-list ResourceSlices", {
+            "fieldSelector": self._selector(node_name), "sendInitialEvents": "true",
+            "resourceVersionMatch": "NotOlderThan"}, server_timeout)
 
     def watch_slices(self, node_name: str, resource_version: str, server_timeout: int) -> Iterator[tuple[str, Json]]:
         """The events (ADDED, MODIFIED, DELETED; the object) on this driver's slices of the node after
-        `resource_version`, for as long as the watch lasts: lightkube resumes one the server ends after
-        `server_timeout` seconds from the last version it saw; ApiFailure for whatever ends it (410 Gone, the
-        server gone, a broken connection, WATCH_READ_IDLE seconds without a byte)."""
+        `resource_version`, for as long as the watch lasts: one the server ends after `server_timeout` seconds is
+        resumed from the last version seen; ApiFailure for whatever ends it otherwise (410 Gone, the server gone,
+        a broken connection, a connection whose PING went unanswered)."""
+        yield from self._watch("watch ResourceSlices", {
+            "fieldSelector": self._selector(node_name), "resourceVersion": resource_version}, server_timeout)
+
+    def _watch(self, what: str, params: dict[str, str], server_timeout: int) -> Iterator[tuple[str, Json]]:
+        """The watch's events, one watch request after the other: as client-go's reflector does, a request that
+        the server ends (its timeout) or whose connection breaks (a GOAWAY, a reset) is followed by another from
+        the last version seen, if it made progress: it showed an event or a bookmark, or (an orderly end) lasted
+        a second. Else, or while a watch-list's initial events are still coming, what ended it is raised."""
+        from dra_worker.http2_client import ConnectionLost
+
+        params = {**params, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(server_timeout)}
+        while True:
+            began, progressed = time.monotonic(), False
+            try:
+                for kind, item in self._watch_once(what, f"{_SLICES}?{urllib.parse.urlencode(params)}"):
+                    progressed = True
+                    version = (item.get("metadata") or {}).get("resourceVersion")
+                    if isinstance(version, str) and version:
+                        params["resourceVersion"] = version
+                    if kind != "BOOKMARK":
+                        yield kind, item
+                    elif ((item.get("metadata") or {}).get("annotations") or {}).get(_INITIAL_EVENTS_END) == "true":
+                        for initial_only in _INITIAL_ONLY:
+                            params.pop(initial_only, None)
+                        yield SYNCED, item
+            except ConnectionLost as lost:
+                if not progressed or "sendInitialEvents" in params:
+                    raise ApiFailure(f"{what}: {lost}") from None
+                continue
+            if not progressed and time.monotonic() - began < 1.0:
+                raise ApiFailure(f"{what}: the server ended the watch at once, without an event")
+
+    def _watch_once(self, what: str, path: str) -> Iterator[tuple[str, Json]]:
+        """One watch request's events, until the server ends it; ConnectionLost if its connection breaks."""
+        from dra_worker.http2_client import ConnectionLost
+
         try:
-            yield from watch(self._client, self._slices, self._selector(node_name), server_timeout, resource_version)
-        except Exception as exc:  # lightkube raises ApiError, httpx's errors, and more for a broken stream
-            raise _failure(exc, "watch ResourceSlices") from None
+            connection, stream = self._open("GET", path)
+        except ConnectionLost as exc:
+            raise ApiFailure(f"{what}: {exc}") from None
+        try:
+            status, _ = connection.head(stream, time.monotonic() + self._request_timeout)
+            if status != 200:
+                raise _failure(what, connection.response(stream, time.monotonic() + self._request_timeout))
+            pending = b""
+            for chunk in connection.chunks(stream):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield _event(what, line)
+        except TimeoutError:
+            raise ApiFailure(f"{what}: no answer in {self._request_timeout:g} s") from None
+        finally:
+            connection.cancel(stream)
 
     def create_slice(self, body: Json, timeout: float) -> Json:
         """Create a slice of the name in `body`. A retry of a create whose answer was lost finds the slice the
         first try made (409 AlreadyExists) and returns it; the same name at the first try is another's: 409."""
-        from lightkube import ApiError
-
         name = body["metadata"]["name"]
+        what = f"create ResourceSlice {name}"
+        path = f"{_SLICES}?" + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER})
         tries = 0
 
         def work() -> Json:
             nonlocal tries
             tries += 1
             try:
-                return dict(self._client.create(self._slices.from_dict(body)))
-            except ApiError as exc:
-                if tries == 1 or exc.status.code != 409:
+                return self._request(what, "POST", path, body)
+            except ApiFailure as failure:
+                if tries == 1 or failure.status != 409:
                     raise
-            return dict(self._client.get(self._slices, name))
+            return self._request(what, "GET", f"{_SLICES}/{_quoted(name)}")
 
-        return self._call(f"create ResourceSlice {name}", work, self._clock() + timeout)
+        return self._call(what, work, self._clock() + timeout)
 
     def replace_slice(self, body: Json, timeout: float) -> Json:
         """Update a slice; its metadata.resourceVersion is the precondition (409 Conflict if it changed)."""
-        deadline = self._clock() + timeout
-        return self._call(f"update ResourceSlice {body['metadata']['name']}",
-                          lambda: dict(self._client.replace(self._slices.from_dict(body))), deadline)
+        name = body["metadata"]["name"]
+        what = f"update ResourceSlice {name}"
+        path = f"{_SLICES}/{_quoted(name)}?" + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER})
+        return self._call(what, lambda: self._request(what, "PUT", path, body), self._clock() + timeout)
 
     def delete_slice(self, existing: Json, timeout: float) -> None:
         """Delete a slice as it was seen (its UID and resourceVersion); one gone already is what was wanted."""
         metadata = existing["metadata"]
-        name = metadata["name"]
-        deadline = self._clock() + timeout
+        what = f"delete ResourceSlice {metadata['name']}"
+        options = {"apiVersion": "v1", "kind": "DeleteOptions",
+                   "preconditions": {"uid": metadata["uid"], "resourceVersion": metadata["resourceVersion"]}}
+        path = f"{_SLICES}/{_quoted(metadata['name'])}"
         try:
-            self._call(f"delete ResourceSlice {name}", lambda: delete_with_preconditions(
-                self._client, self._slices, name, metadata["uid"], metadata["resourceVersion"]), deadline)
+            self._call(what, lambda: self._request(what, "DELETE", path, options), self._clock() + timeout)
         except ApiFailure as failure:
             if failure.status != 404:
                 raise
+
+
+def _event(what: str, line: bytes) -> tuple[str, Json]:
+    """One line of a watch: (its type, its object); ApiFailure for an ERROR event (410 Gone) or a broken line."""
+    try:
+        event = json.loads(line)
+        kind, item = event["type"], event["object"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ApiFailure(f"{what}: a broken event ({type(exc).__name__}: {line[:200]!r})") from None
+    if not isinstance(kind, str) or not isinstance(item, dict):
+        raise ApiFailure(f"{what}: a broken event ({line[:200]!r})")
+    if kind == "ERROR":
+        code = item.get("code")
+        raise ApiFailure(f"{what}: {code} {item.get('reason') or ''}: {item.get('message') or ''}",
+                         code if isinstance(code, int) else None)
+    return kind, item

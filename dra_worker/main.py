@@ -53,13 +53,14 @@ class LazyApi:
     def _get(self) -> Any:
         with self._lock:
             if self._api is None:
+                from dra_worker.api_credentials import ConfigError
                 from dra_worker.kube import KubeApi
 
                 try:
                     self._api = KubeApi(self._kubeconfig)
-                except Exception as exc:  # lightkube's config errors have no common base
+                except ConfigError as exc:
                     source = str(self._kubeconfig) if self._kubeconfig else "the service account"
-                    raise ApiFailure(f"API server credentials from {source}: {type(exc).__name__}: {exc}") from None
+                    raise ApiFailure(f"API server credentials from {source}: {exc}") from None
             return self._api
 
     def __getattr__(self, name: str) -> Any:

@@ -34,9 +34,8 @@ from loguru import logger
 
 from dra_worker import slices
 from dra_worker.inventory import NodeInventory
-from dra_worker.kube import ApiFailure, Backoff, SliceList
+from dra_worker.kube import SYNCED, ApiFailure, Backoff, SliceList
 from shared.config import TaintEffect
-from shared.fence.lightkube_requests import SYNCED
 from shared.observability.hostile_ids import logged
 
 Json = dict[str, Any]

@@ -43,12 +43,12 @@ threading.Thread(target=watch, daemon=True).start()
 dra_worker.main.main()
 """
 # Never needed by worker-dra: the SDK (tracing off by default), prometheus_client (only the watchdog, serving
-# /metrics, reads the value files with it), the other programs, the full Kubernetes client, lightkube's typed DRA
-# models (slices and claims go through its generic resources: dra_worker/kube.py).
+# /metrics, reads the value files with it), the other programs, any general-purpose Kubernetes or HTTP client
+# (worker-dra speaks HTTP/2 to the API server itself: dra_worker/http2_client.py).
 NEVER = ("opentelemetry", "prometheus_client", "resource_worker", "scanner", "kubelet_watchdog", "kubernetes",
-         "lightkube.models.resource_v1", "lightkube.resources.resource_v1")
+         "lightkube", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "requests")
 # Not before the first API call (made by the slice publisher once the worker serves).
-API_CLIENT = ("lightkube", "httpx2", "httpcore2", "yaml")
+API_CLIENT = ("dra_worker.http2_client", "dra_worker.api_credentials", "h2", "hpack", "hyperframe", "yaml")
 # Only for the question asked of supervisord at shutdown (shared/supervision/transport.py).
 AT_SHUTDOWN = ("configparser", "xml")
 
@@ -89,7 +89,7 @@ def test_worker_dra_imports_only_what_it_uses(make_node, tmp_path, metrics_port)
     assert _loaded(modules["import"], API_CLIENT + NEVER) == []
     serving = modules["serving"]
     assert _loaded(serving, NEVER + AT_SHUTDOWN) == []
-    assert _loaded(serving, ("lightkube",)) != []  # the condition above is met by a worker that did its work
+    assert _loaded(serving, ("h2",)) != []  # the condition above is met by a worker that did its work
     # Its events recorded all the same (only worker-dra publishes slices), with metrics on.
     recorded = {json.loads(key)[0] for path in (node.run_dir / "metrics").glob("*.db")
                 for key, *_ in MmapedDict.read_all_values_from_file(str(path))}

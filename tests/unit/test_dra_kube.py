@@ -1,12 +1,15 @@
-"""worker-dra's API client (lightkube) against a loopback stand-in of the endpoints it calls: the paths, the
-field selector, the kubeconfig's credentials, and which failures are retried."""
+"""worker-dra's API client against a loopback stand-in of the endpoints it calls, over HTTP/2 as a real API server
+is spoken to: the paths, the field selector, the kubeconfig's credentials, which failures are retried, one
+connection for the watch and the calls, and what a connection that goes silent or is sent away does."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
+from dra_worker.api_credentials import ConfigError
 from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
 from simulator.kube_api import FakeKubeApi
@@ -103,13 +106,6 @@ def test_the_publisher_through_the_client_keeps_the_server_s_slices(server, clie
 
 
 def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_preconditions(server, client):
-    """lightkube's watch, and the delete `_delete_with_preconditions` builds from lightkube's generic client: a
-    request of the shape the API server takes, checked against the release it was written for."""
-    from importlib.metadata import version
-
-    from shared.fence.lightkube_requests import CHECKED_AGAINST
-
-    assert version("lightkube") == CHECKED_AGAINST[1], "check _delete_with_preconditions against this release"
     server.put_slice({"metadata": {"name": "s1", "uid": "uid-s1"}, "spec": {"driver": "npu.rebellions.ai",
                                                                          "nodeName": NODE, "devices": []}})
     listing = client.list_slices(NODE, timeout=5)
@@ -130,14 +126,58 @@ def test_the_watch_names_the_node_s_slices_and_the_version_and_deletes_carry_pre
     server.end_watches()
 
 
-def test_a_watch_that_reads_nothing_for_the_read_idle_time_ends(server, tmp_path, monkeypatch):
-    """A connection lost without a word ends the watch (here: a quiet stand-in, which sends no bookmarks)."""
-    monkeypatch.setattr("dra_worker.kube.WATCH_READ_IDLE", 0.5)
-    client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"))
-    listing = client.list_slices(NODE, timeout=5)
-    with pytest.raises(ApiFailure, match="watch ResourceSlices: ReadTimeout"):
-        next(client.watch_slices(NODE, listing.resource_version, server_timeout=30))
+def test_the_watch_and_the_calls_share_one_connection(server, client):
+    events = client.watch_list_slices(NODE, server_timeout=30)
+    assert next(events)[0] == "SYNCED"
+    created = client.create_slice(_new_slice("s-one"), timeout=5)
+    assert next(events) == ("ADDED", created)
+    assert client.node_uid(NODE, timeout=5) == "node-uid-1"
+    assert server.connections == 1
     server.end_watches()
+
+
+def test_a_connection_that_goes_silent_is_pinged_and_given_up(server, tmp_path, monkeypatch):
+    """A peer gone without a word (here: a stand-in that answers nothing, not even a PING) is given up after
+    PING_AFTER + PING_TIMEOUT: the watch tries to resume on a new connection, which the silent server does not
+    answer either, and ends; calls go on once the server answers again."""
+    monkeypatch.setattr("dra_worker.http2_client.PING_AFTER", 0.3)
+    monkeypatch.setattr("dra_worker.http2_client.PING_TIMEOUT", 0.3)
+    client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"), request_timeout=0.5)
+    events = client.watch_list_slices(NODE, server_timeout=30)
+    assert next(events)[0] == "SYNCED"
+    server.unresponsive = True
+    with pytest.raises(ApiFailure, match=r"no answer in 0\.5 s") as lost:
+        next(events)
+    assert lost.value.status is None and server.connections == 2
+    server.unresponsive = False
+    assert client.node_uid(NODE, timeout=5) == "node-uid-1"
+    assert server.connections == 3, "the second connection, silent for good, was pinged and given up too"
+
+
+def test_a_watch_sent_away_resumes_from_its_last_version_on_a_new_connection(server, client):
+    """A GOAWAY (an API server shutting down, or its --goaway-chance rebalancing clients) ends the connection;
+    the watch goes on from the last version it saw, so no change in between is missed and nothing is listed."""
+    listing = client.list_slices(NODE, timeout=5)
+    events = client.watch_slices(NODE, listing.resource_version, server_timeout=30)
+    first = server.put_slice(_new_slice("s-before"))
+    assert next(events) == ("ADDED", first)
+    server.goaway()
+    second = server.put_slice(_new_slice("s-after"))
+    assert next(events) == ("ADDED", second)
+    resumed = [path for method, path in server.requests if "watch=true" in path][-1]
+    assert f"resourceVersion={first['metadata']['resourceVersion']}" in resumed
+    assert server.connections == 2
+    server.end_watches()
+
+
+def test_an_answer_over_the_bound_is_given_up_and_the_connection_serves_on(server, client, monkeypatch):
+    monkeypatch.setattr("dra_worker.http2_client.MAX_BODY", 1000)
+    for index in range(6):
+        server.put_slice(_new_slice(f"s-{index}"))
+    with pytest.raises(ApiFailure, match="passed 1000 bytes unread"):
+        client.list_slices(NODE, timeout=0.5)
+    assert client.node_uid(NODE, timeout=5) == "node-uid-1"
+    assert server.connections == 1
 
 
 def _new_slice(name: str) -> dict:
@@ -162,20 +202,28 @@ def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(serve
 
 
 def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):
-    """As a real API server is reached: HTTPS, its certificate checked against the cluster's CA; a server the
-    kubeconfig names no CA for is refused (not one the system trusts), a failure and not a crash."""
+    """As a real API server is reached: HTTPS, its certificate checked against the cluster's CA and nothing else
+    (not the system's); another CA's server is a failure, not a crash; a kubeconfig naming no CA is refused
+    before anything is sent."""
     api = FakeKubeApi(tls=self_signed(tmp_path, "127.0.0.1")).start()
     api.nodes[NODE] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-tls"}}
     try:
         config = api.kubeconfig(tmp_path / "kubeconfig")
         assert api.url.startswith("https://")
         assert KubeApi(config).node_uid(NODE, timeout=5) == "node-uid-tls"
-        unanchored = json.loads(config.read_text())
-        del unanchored["clusters"][0]["cluster"]["certificate-authority-data"]
-        config.write_text(json.dumps(unanchored))
+        document = json.loads(config.read_text())
+        (tmp_path / "other").mkdir()
+        _, other_ca = self_signed(tmp_path / "other", "127.0.0.1")
+        document["clusters"][0]["cluster"]["certificate-authority-data"] = base64.b64encode(
+            other_ca.read_bytes()).decode()
+        config.write_text(json.dumps(document))
         with pytest.raises(ApiFailure, match="CERTIFICATE_VERIFY_FAILED") as refused:
             KubeApi(config).node_uid(NODE, timeout=0.2)
         assert refused.value.status is None
+        del document["clusters"][0]["cluster"]["certificate-authority-data"]
+        config.write_text(json.dumps(document))
+        with pytest.raises(ConfigError, match="names no certificate-authority"):
+            KubeApi(config)
     finally:
         api.stop()
 

@@ -17,8 +17,7 @@ FENCE = ROOT / "shared" / "fence"
 PRODUCT = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker", "rbln_device_plugin",
            "simulator")
 # The private names the fenced modules use: nowhere else in the product.
-INTERNALS = ("_asyncio_loop", "signal_receiver", "stop_groups", "get_socket_map", "mmap_dict", "change_state",
-             "_read_lock")
+INTERNALS = ("_asyncio_loop", "signal_receiver", "stop_groups", "get_socket_map", "mmap_dict", "change_state")
 MODULES = sorted(path.stem for path in FENCE.glob("*.py") if path.stem != "__init__")
 
 
@@ -37,9 +36,8 @@ def _locked() -> dict[str, str]:
     return {_normal(name): version for name, version in re.findall(r"^([\w.-]+)==([\w.]+)", lock, re.M)}
 
 
-def test_the_fence_holds_the_six_workarounds():
-    assert MODULES == ["httpcore_fair_reads", "lightkube_requests", "loguru_asyncio", "prometheus_value_files",
-                       "supervisord_started", "supervisord_wakeup"]
+def test_the_fence_holds_the_four_workarounds():
+    assert MODULES == ["loguru_asyncio", "prometheus_value_files", "supervisord_started", "supervisord_wakeup"]
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -141,11 +141,11 @@ def test_an_oversized_record_is_shortened_to_one_atomic_pipe_write(install):
 
 def test_a_library_s_oversized_message_is_shortened_too(install):
     stream, _ = install({log.LEVEL_ENV: "debug"})
-    logging.getLogger("httpcore2.http2").debug("send_request_headers.started %s", "x" * 20000)
+    logging.getLogger("hyperframe.frame").debug("Adding %s to the frame", "x" * 20000)
     (line,) = stream.getvalue().splitlines()
     assert len(line.encode()) < log.MAX_RECORD_BYTES
     (record,) = records(stream)
-    assert record["msg"].startswith("send_request_headers.started xxx") and record["component"] == "httpcore2"
+    assert record["msg"].startswith("Adding xxx") and record["component"] == "hyperframe"
 
 
 def test_hpack_s_debug_records_with_the_coded_token_are_not_let_through(install):
