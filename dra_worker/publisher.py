@@ -168,6 +168,9 @@ class SlicePublisher:
         # Owned by the watcher thread: False once the server refused a watch-list.
         self._watch_list = True
         self._fights = 0
+        # The devices last built, and the inventory and taint effect they were built from (owned by the publisher
+        # thread): the publisher wakes on every watch event too, most of which leave both as they were.
+        self._built: tuple[NodeInventory, TaintEffect | None, list[Json]] | None = None
         self._taint_effect: TaintEffect | None = taint_effect
         """None once the API server was seen dropping taints."""
         self.generation = 0
@@ -283,15 +286,21 @@ class SlicePublisher:
         existing = self.view.snapshot()
         if existing is None:
             return False  # not listed yet: the watcher wakes this thread when it has
-        devices = slices.published_devices(inventory, self._taint_effect)
+        devices = self._devices(inventory)
         changed = self._repair(devices, existing)
         if changed and self._taint_effect is None and slices.tainted(devices):
-            devices = slices.published_devices(inventory, None)  # the server dropped the taints: leave them out
+            devices = self._devices(inventory)  # the server dropped the taints: leave them out
             self._repair(devices, self.view.snapshot() or [])
         self.tainted = slices.tainted(devices)
         if changed:
             self._on_publish(True)
         return changed
+
+    def _devices(self, inventory: NodeInventory) -> list[Json]:
+        """The devices to publish (`slices.published_devices`), built once per inventory and taint effect."""
+        if self._built is None or self._built[0] is not inventory or self._built[1] is not self._taint_effect:
+            self._built = (inventory, self._taint_effect, slices.published_devices(inventory, self._taint_effect))
+        return self._built[2]
 
     def _repair(self, devices: list[Json], existing: list[Json]) -> bool:
         current = max([self.generation, *(_generation(s) for s in existing)])
