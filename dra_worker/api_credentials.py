@@ -27,6 +27,7 @@ from typing import Any
 SERVICE_ACCOUNT = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD = 60.0
 _UNSUPPORTED_USER = ("exec", "auth-provider", "username", "password")
+_CLIENT_CERTIFICATE = ("client-certificate", "client-key", "client-certificate-data", "client-key-data")
 
 
 class ConfigError(ValueError):
@@ -133,7 +134,10 @@ def _endpoint(path: pathlib.Path, document: Any, clock: Callable[[], float]) -> 
     elif user.get("tokenFile"):
         token = TokenFile(base / str(user["tokenFile"]), clock)
         token()
-    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ConfigError(f"the kubeconfig {path}: the cluster's server {cluster.get('server')!r}: {exc}") from None
     return Endpoint(url.hostname, port, tls, str(cluster.get("tls-server-name") or url.hostname), token)
 
 
@@ -183,3 +187,5 @@ def _load_client_certificate(context: ssl.SSLContext, base: pathlib.Path, user: 
             cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
             key.write_bytes(base64.b64decode(user["client-key-data"]))
             context.load_cert_chain(str(cert), str(key))
+    elif any(user.get(key) for key in _CLIENT_CERTIFICATE):
+        raise ValueError("the user's client certificate and key must both be given, both as files or both inline")

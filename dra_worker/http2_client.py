@@ -101,7 +101,7 @@ class Http2Connection:
         self._streams: dict[int, _Stream] = {}
         self._closed_by: ConnectionLost | None = None
         self._accepting = True
-        self._outgoing = b""
+        self._outgoing = bytearray()
         sock.setblocking(False)
         self._thread = threading.Thread(target=self._run, name=f"http2-{self.number}", daemon=True)
         self._thread.start()
@@ -126,6 +126,8 @@ class Http2Connection:
                 raise NotSent(f"connection {self.number} has no stream IDs left") from None
             except h2.exceptions.TooManyStreamsError:
                 raise NotSent("the server's limit of concurrent streams is reached") from None
+            except h2.exceptions.ProtocolError as exc:  # the connection failed; the I/O thread is failing it
+                raise NotSent(f"connection {self.number} takes no new streams: {exc}") from None
             stream = _Stream(stream_id, body)
             self._streams[stream_id] = stream
             self._send_bodies()
@@ -175,7 +177,7 @@ class Http2Connection:
             if self._streams.pop(stream.stream_id, None) is not None and self._closed_by is None:
                 try:
                     self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.CANCEL)
-                except h2.exceptions.StreamClosedError:
+                except h2.exceptions.ProtocolError:  # closed already, the stream or the whole connection
                     pass
                 self._flush()
 
@@ -222,9 +224,9 @@ class Http2Connection:
         except OSError as exc:
             self._fail(ConnectionLost(f"connection {self.number}: {type(exc).__name__}: {exc}"))
             return
-        self._outgoing = self._outgoing[sent:]
-        if self._outgoing:
-            self._wake()
+        del self._outgoing[:sent]
+        if self._outgoing and threading.current_thread() is not self._thread:
+            self._wake()  # the I/O thread waits for the socket to take the rest (woken by itself, it would spin)
 
     def _run(self) -> None:
         selector = selectors.DefaultSelector()
@@ -258,9 +260,10 @@ class Http2Connection:
                     ping_sent = now
         except ConnectionLost as lost:
             self._fail(lost)
-        except (OSError, h2.exceptions.ProtocolError) as exc:
+        except Exception as exc:  # OSError, h2's ProtocolError, or what nobody foresaw: never a silent death
             self._fail(ConnectionLost(f"connection {self.number}: {type(exc).__name__}: {exc}"))
         finally:
+            self._fail(ConnectionLost(f"connection {self.number} closed"))
             selector.close()
             with self._lock:
                 for sock in (self._sock, self._wake_reader, self._waker):
@@ -289,9 +292,15 @@ class Http2Connection:
                 pass
             if not received:
                 return False
-            for event in self._h2.receive_data(b"".join(received)):
-                self._handle(event)
-            self._send_bodies()
+            try:
+                for event in self._h2.receive_data(b"".join(received)):
+                    self._handle(event)
+                self._send_bodies()
+            except (ConnectionLost, h2.exceptions.ProtocolError, ValueError) as exc:
+                # failed before the lock is let go: no caller may meet h2's closed state first
+                self._fail(exc if isinstance(exc, ConnectionLost) else ConnectionLost(
+                    f"connection {self.number}: {type(exc).__name__}: {exc}"))
+                raise
             self._lock.notify_all()
             return True
 
@@ -315,7 +324,10 @@ class Http2Connection:
             return
         if isinstance(event, h2.events.ResponseReceived):
             stream.headers = dict(event.headers)  # bytes: header_encoding is None
-            stream.status = int(stream.headers.get(b":status", b"0"))
+            status = stream.headers.get(b":status", b"")
+            if not status.isdigit():
+                raise ValueError(f"a response status {status[:20]!r}")
+            stream.status = int(status)
         elif isinstance(event, h2.events.DataReceived):
             stream.chunks.append(event.data or b"")
             stream.buffered += len(event.data or b"")
@@ -325,6 +337,12 @@ class Http2Connection:
         elif isinstance(event, h2.events.StreamEnded):
             stream.ended = True
             self._streams.pop(stream.stream_id, None)
+            if stream.unsent:  # answered before the request's body was all sent: that half is closed too
+                stream.unsent = memoryview(b"")
+                try:
+                    self._h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                except h2.exceptions.ProtocolError:
+                    pass
         elif isinstance(event, h2.events.StreamReset):
             self._streams.pop(stream.stream_id, None)
             not_taken = event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
@@ -340,7 +358,7 @@ class Http2Connection:
                 stream.error = error
             self._streams.clear()
             self._lock.notify_all()
-        self._wake()
+            self._wake()  # under the lock: the I/O thread closes the wake socket under it
 
 
 def connect(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT,

@@ -164,25 +164,28 @@ class KubeApi:
             connection = self._live_connection()
             return connection, connection.open(method, path, headers, data)
 
-    def _request(self, what: str, method: str, path: str, body: Json | None = None,
+    def _request(self, what: str, method: str, path: str, left: float, body: Json | None = None,
                  content_type: bytes = b"application/json") -> Json:
+        """One request, its answer awaited for `left` seconds at most (the call's time left), and never more than
+        the client's request timeout."""
         from dra_worker.http2_client import ConnectionLost
 
         try:
             connection, stream = self._open(method, path, body, content_type)
-            response = connection.response(stream, time.monotonic() + self._request_timeout)
+            wait = max(0.0, min(self._request_timeout, left))
+            response = connection.response(stream, time.monotonic() + wait)
         except TimeoutError:
-            raise ApiFailure(f"{what}: no answer in {self._request_timeout:g} s") from None
+            raise ApiFailure(f"{what}: no answer in {wait:.3g} s") from None
         except ConnectionLost as exc:
             raise ApiFailure(f"{what}: {exc}") from None
         return _decoded(what, response)
 
-    def _call(self, what: str, work: Callable[[], T], deadline: float) -> T:
-        """`work()`, retried with backoff while it fails for a passing reason and time remains."""
+    def _call(self, what: str, work: Callable[[float], T], deadline: float) -> T:
+        """`work(time left)`, retried with backoff while it fails for a passing reason and time remains."""
         backoff = Backoff()
         while True:
             try:
-                return work()
+                return work(deadline - self._clock())
             except ApiFailure as failure:
                 if failure.status is not None and failure.status not in _RETRIABLE_STATUS:
                     raise
@@ -194,7 +197,7 @@ class KubeApi:
     def get_claim(self, namespace: str, name: str, timeout: float) -> Json:
         what = f"get ResourceClaim {namespace}/{name}"
         path = f"{_RESOURCE}/namespaces/{_quoted(namespace)}/resourceclaims/{_quoted(name)}"
-        return self._call(what, lambda: self._request(what, "GET", path), self._clock() + timeout)
+        return self._call(what, lambda left: self._request(what, "GET", path, left), self._clock() + timeout)
 
     def apply_claim_status(self, namespace: str, name: str, uid: str, devices: list[Json], timeout: float) -> None:
         """Server-side apply of the claim's status.devices (this driver's entries; the UID must still match)."""
@@ -203,12 +206,12 @@ class KubeApi:
                 + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"}))
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": namespace, "uid": uid}, "status": {"devices": devices}}
-        self._call(what, lambda: self._request(what, "PATCH", path, body, b"application/apply-patch+yaml"),
+        self._call(what, lambda left: self._request(what, "PATCH", path, left, body, b"application/apply-patch+yaml"),
                    self._clock() + timeout)
 
     def node_uid(self, node_name: str, timeout: float) -> str:
         what = f"get Node {node_name}"
-        node = self._call(what, lambda: self._request(what, "GET", f"/api/v1/nodes/{_quoted(node_name)}"),
+        node = self._call(what, lambda left: self._request(what, "GET", f"/api/v1/nodes/{_quoted(node_name)}", left),
                           self._clock() + timeout)
         return str((node.get("metadata") or {}).get("uid") or "")
 
@@ -220,8 +223,8 @@ class KubeApi:
         what = "list ResourceSlices"
         path = f"{_SLICES}?" + urllib.parse.urlencode({"fieldSelector": self._selector(node_name)})
 
-        def work() -> SliceList:
-            listing = self._request(what, "GET", path)
+        def work(left: float) -> SliceList:
+            listing = self._request(what, "GET", path, left)
             items = listing.get("items")
             version = (listing.get("metadata") or {}).get("resourceVersion")
             if not isinstance(items, list) or not isinstance(version, str):
@@ -273,6 +276,8 @@ class KubeApi:
                 if not progressed or "sendInitialEvents" in params:
                     raise ApiFailure(f"{what}: {lost}") from None
                 continue
+            if "sendInitialEvents" in params:  # resumed, it would send the initial events again
+                raise ApiFailure(f"{what}: the server ended the watch-list before its initial events did")
             if not progressed and time.monotonic() - began < 1.0:
                 raise ApiFailure(f"{what}: the server ended the watch at once, without an event")
 
@@ -307,15 +312,15 @@ class KubeApi:
         path = f"{_SLICES}?" + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER})
         tries = 0
 
-        def work() -> Json:
+        def work(left: float) -> Json:
             nonlocal tries
             tries += 1
             try:
-                return self._request(what, "POST", path, body)
+                return self._request(what, "POST", path, left, body)
             except ApiFailure as failure:
                 if tries == 1 or failure.status != 409:
                     raise
-            return self._request(what, "GET", f"{_SLICES}/{_quoted(name)}")
+            return self._request(what, "GET", f"{_SLICES}/{_quoted(name)}", left)
 
         return self._call(what, work, self._clock() + timeout)
 
@@ -324,7 +329,7 @@ class KubeApi:
         name = body["metadata"]["name"]
         what = f"update ResourceSlice {name}"
         path = f"{_SLICES}/{_quoted(name)}?" + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER})
-        return self._call(what, lambda: self._request(what, "PUT", path, body), self._clock() + timeout)
+        return self._call(what, lambda left: self._request(what, "PUT", path, left, body), self._clock() + timeout)
 
     def delete_slice(self, existing: Json, timeout: float) -> None:
         """Delete a slice as it was seen (its UID and resourceVersion); one gone already is what was wanted."""
@@ -334,7 +339,7 @@ class KubeApi:
                    "preconditions": {"uid": metadata["uid"], "resourceVersion": metadata["resourceVersion"]}}
         path = f"{_SLICES}/{_quoted(metadata['name'])}"
         try:
-            self._call(what, lambda: self._request(what, "DELETE", path, options), self._clock() + timeout)
+            self._call(what, lambda left: self._request(what, "DELETE", path, left, options), self._clock() + timeout)
         except ApiFailure as failure:
             if failure.status != 404:
                 raise

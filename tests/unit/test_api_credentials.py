@@ -89,6 +89,9 @@ def test_a_client_certificate_given_inline_is_loaded(tmp_path, pki):
     ({"server": "https://api", "certificate-authority": "missing.pem"}, {},
      "certificate-authority .*missing.pem is not"),
     ({"server": "http://api"}, {"tokenFile": "missing-token"}, "the token file"),
+    ({"server": "https://api:99999", "insecure-skip-tls-verify": True}, {}, "out of range"),
+    ({"server": "https://api", "insecure-skip-tls-verify": True}, {"client-certificate": "cert.pem"},
+     "client certificate and key must both be given"),
 ])
 def test_what_cannot_be_used_is_refused_by_name(tmp_path, cluster, user, named):
     with pytest.raises(ConfigError, match=named) as refused:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 
@@ -152,6 +153,18 @@ def test_a_connection_that_goes_silent_is_pinged_and_given_up(server, tmp_path, 
     server.unresponsive = False
     assert client.node_uid(NODE, timeout=5) == "node-uid-1"
     assert server.connections == 3, "the second connection, silent for good, was pinged and given up too"
+
+
+def test_a_call_s_timeout_bounds_its_request_too(server, tmp_path):
+    """An unanswered request is given up when the call's time is up, not after the client's longer request
+    timeout."""
+    client = KubeApi(server.kubeconfig(tmp_path / "kubeconfig"), request_timeout=30)
+    assert client.node_uid(NODE, timeout=5) == "node-uid-1"
+    server.unresponsive = True  # the connection in use answers nothing from now on
+    began = time.monotonic()
+    with pytest.raises(ApiFailure, match="no answer in"):
+        client.node_uid(NODE, timeout=0.5)
+    assert time.monotonic() - began < 5
 
 
 def test_a_watch_sent_away_resumes_from_its_last_version_on_a_new_connection(server, client):

@@ -4,6 +4,7 @@ HTTP/1.1. Each costs the caller its own deadline at most and a clear failure, ne
 
 from __future__ import annotations
 
+import resource
 import socket
 import ssl
 import threading
@@ -16,7 +17,7 @@ import h2.events
 import pytest
 
 from dra_worker.api_credentials import Endpoint
-from dra_worker.http2_client import ConnectionLost, NotSent, connect
+from dra_worker.http2_client import ConnectionLost, Http2Connection, NotSent, connect
 from tests.support.certificates import self_signed
 
 
@@ -170,3 +171,40 @@ def test_nobody_listening_is_a_failure_before_anything_was_sent():
         port = listener.getsockname()[1]
     with pytest.raises(NotSent, match=r"connect to 127\.0\.0\.1"):
         connect(_plain(port), timeout=1)
+
+
+def test_a_server_that_stops_reading_leaves_the_connection_waiting_not_spinning(serve):
+    """A body the socket cannot take now waits for the socket to be writable: the I/O thread sleeps meanwhile."""
+    taken = threading.Event()
+
+    def stop_reading(sock: socket.socket) -> None:
+        _h2_server(sock)
+        taken.set()  # and reads nothing more: the client's send buffer fills
+
+    server = serve(stop_reading)
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    connection = Http2Connection(sock, f"127.0.0.1:{server.port}", "http")
+    connection.open("GET", "/api/v1/nodes/a", [])
+    assert taken.wait(5)
+    connection.open("POST", "/apis/resource.k8s.io/v1/resourceslices", [], b"x" * (4 << 20))
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(1.0)  # a busy I/O thread would use most of this second
+    spent = resource.getrusage(resource.RUSAGE_SELF)
+    assert (spent.ru_utime + spent.ru_stime) - (used.ru_utime + used.ru_stime) < 0.3
+    connection.close()
+
+
+def test_an_answer_h2_takes_but_this_client_cannot_read_fails_the_connection_not_the_thread(serve):
+    def odd_status(sock: socket.socket) -> None:
+        server = _h2_server(sock)
+        server.config.validate_outbound_headers = False
+        server.send_headers(1, [(b":status", b"abc")], end_stream=True)
+        sock.sendall(server.data_to_send())
+
+    server = serve(odd_status)
+    connection = connect(_plain(server.port))
+    stream = connection.open("GET", "/api/v1/nodes/a", [])
+    with pytest.raises(ConnectionLost, match="a response status b'abc'"):
+        connection.response(stream, time.monotonic() + 5)
+    assert not connection.usable
