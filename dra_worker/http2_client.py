@@ -88,8 +88,8 @@ class Http2Connection:
         self._wake_reader.setblocking(False)
         self._waker.setblocking(False)
         # Guards _h2, _streams, _closed_by, _accepting, _outgoing and the socket (never read and written at once):
-        # the I/O thread and every caller use them. Reentrant:
-        # a caller whose time is up resets its stream while it holds the lock.
+        # the I/O thread and every caller use them. Reentrant: a caller whose time is up resets its stream while
+        # it holds the lock.
         self._lock = threading.Condition(threading.RLock())
         self._h2 = h2.connection.H2Connection(h2.config.H2Configuration(
             client_side=True, header_encoding=None, validate_outbound_headers=False,

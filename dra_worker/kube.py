@@ -170,9 +170,9 @@ class KubeApi:
         the client's request timeout."""
         from dra_worker.http2_client import ConnectionLost
 
+        wait = max(0.0, min(self._request_timeout, left))
         try:
             connection, stream = self._open(method, path, body, content_type)
-            wait = max(0.0, min(self._request_timeout, left))
             response = connection.response(stream, time.monotonic() + wait)
         except TimeoutError:
             raise ApiFailure(f"{what}: no answer in {wait:.3g} s") from None
