@@ -137,19 +137,13 @@ class Http2Connection:
     def response(self, stream: _Stream, deadline: float) -> Response:
         """The whole answer of `stream` by `deadline` (a monotonic time); TimeoutError after it."""
         with self._lock:
-            while not (stream.ended or stream.error):
-                self._wait(stream, deadline)
-            if stream.error:
-                raise stream.error
+            self._await(stream, deadline, lambda: stream.ended)
             return Response(stream.status or 0, stream.headers, b"".join(stream.chunks))
 
     def head(self, stream: _Stream, deadline: float) -> tuple[int, dict[bytes, bytes]]:
         """The status and headers of `stream`, by `deadline`."""
         with self._lock:
-            while stream.status is None and not stream.error:
-                self._wait(stream, deadline)
-            if stream.error:
-                raise stream.error
+            self._await(stream, deadline, lambda: stream.status is not None)
             return stream.status or 0, stream.headers
 
     def chunks(self, stream: _Stream) -> Iterator[bytes]:
@@ -185,12 +179,17 @@ class Http2Connection:
         self._fail(ConnectionLost(f"connection {self.number} closed"))
         self._thread.join(timeout=5)
 
-    def _wait(self, stream: _Stream, deadline: float) -> None:
-        left = deadline - self._clock()
-        if left <= 0:
-            self.cancel(stream)
-            raise TimeoutError("no answer in time")
-        self._lock.wait(left)
+    def _await(self, stream: _Stream, deadline: float, ready: Callable[[], bool]) -> None:
+        """Called with the lock held: until `ready()`, the stream's failure raised, or TimeoutError at `deadline`
+        (the stream reset)."""
+        while not (ready() or stream.error):
+            left = deadline - self._clock()
+            if left <= 0:
+                self.cancel(stream)
+                raise TimeoutError("no answer in time")
+            self._lock.wait(left)
+        if stream.error:
+            raise stream.error
 
     def _wake(self) -> None:
         try:

@@ -129,12 +129,6 @@ class KubeApi:
         self._connecting = threading.Lock()  # guards _connection: the watcher and the publisher both call
         self._connection: Http2Connection | None = None
 
-    def close(self) -> None:
-        with self._connecting:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
-
     def _live_connection(self) -> Http2Connection:
         """The connection, a new one if it failed or the server sent it away (one sent away keeps serving the
         streams it has, and closes when they end)."""

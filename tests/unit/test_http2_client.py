@@ -90,6 +90,16 @@ def _costs_its_deadline(server: OneConnectionServer, deadline: float) -> None:
     connection.close()
 
 
+def _first_call_fails(server: OneConnectionServer, failure: str) -> Http2Connection:
+    """A call to `server` fails with ConnectionLost matching `failure`, and so does its connection."""
+    connection = connect(_plain(server.port))
+    stream = connection.open("GET", "/api/v1/nodes/a", [])
+    with pytest.raises(ConnectionLost, match=failure):
+        connection.response(stream, time.monotonic() + 5)
+    assert not connection.usable
+    return connection
+
+
 def test_a_server_that_says_nothing_costs_the_caller_its_deadline(serve):
     _costs_its_deadline(serve(lambda sock: sock.recv(65536)), 0.3)
 
@@ -101,12 +111,7 @@ def test_garbage_from_the_server_fails_the_connection_and_its_streams(serve):
         _h2_server(sock)
         sock.sendall(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x")  # DATA on stream 0
 
-    server = serve(garbage)
-    connection = connect(_plain(server.port))
-    stream = connection.open("GET", "/api/v1/nodes/a", [])
-    with pytest.raises(ConnectionLost, match="ProtocolError"):
-        connection.response(stream, time.monotonic() + 5)
-    assert not connection.usable
+    connection = _first_call_fails(serve(garbage), "ProtocolError")
     with pytest.raises(NotSent):
         connection.open("GET", "/api/v1/nodes/a", [])
 
@@ -202,9 +207,4 @@ def test_an_answer_h2_takes_but_this_client_cannot_read_fails_the_connection_not
         server.send_headers(1, [(b":status", b"abc")], end_stream=True)
         sock.sendall(server.data_to_send())
 
-    server = serve(odd_status)
-    connection = connect(_plain(server.port))
-    stream = connection.open("GET", "/api/v1/nodes/a", [])
-    with pytest.raises(ConnectionLost, match="a response status b'abc'"):
-        connection.response(stream, time.monotonic() + 5)
-    assert not connection.usable
+    _first_call_fails(serve(odd_status), "a response status b'abc'")
