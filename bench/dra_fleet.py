@@ -21,7 +21,8 @@ each a row: `start` (until every node's slices are right), `rest` (nothing chang
 `restart` (the API server restarts gracefully on the same port and data; from the moment it is ready until
 every node's watch is back and its slices are right, then 10 s more). Per row: requests on `resourceslices` by
 verb (the API server's own `apiserver_request_total`, which counts a watch when it ends: an open watch is not in
-it; its counters start again at a restart; the benchmark's own LISTs that check the slices are left out),
+it; its counters start again at a restart; the requests of the benchmark's own watch are left out, and the
+LISTs it made to start it afresh are in `benchmark_lists`),
 requests per node-hour beyond the watch, the API server's CPU seconds (etcd's included: one process) and the
 seconds until right.
 The publishers' own processes: CPU seconds and RSS (summed over a side's processes) at the end of the run.
@@ -38,14 +39,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -197,17 +201,18 @@ class Publishers:
 # -- the API server's side ----------------------------------------------------------------------------------
 
 class Fleet:
-    """The API server as the benchmark sees it: its counters, its CPU, the slices of a set of nodes."""
+    """The API server as the benchmark sees it: its counters, its CPU, the slices of the driver."""
 
     def __init__(self, server: Any):
         self.server = server
         self.client = server.client()
-        self.own_lists = 0  # the benchmark's own LISTs of slices since the API server (re)started
+        self.tracker = SliceTracker(server)
 
     def reconnect(self) -> None:
+        """After the API server restarted (its counters start at zero)."""
         self.client.close()
         self.client = self.server.client()
-        self.own_lists = 0
+        self.tracker.lists = self.tracker.watches_ended = 0
 
     def create_nodes(self, names: list[str]) -> list[dict[str, str]]:
         nodes = []
@@ -218,29 +223,20 @@ class Fleet:
             nodes.append({"name": name, "uid": answer.json()["metadata"]["uid"]})
         return nodes
 
-    def slices_right(self, nodes: list[str], devices: list[dict]) -> bool:
-        """Whether every node has exactly one slice of the driver, listing exactly `devices` (their taints too)."""
-        answer = self.client.get(SLICES, params={"fieldSelector": f"spec.driver={DRA_DRIVER}"})
-        self.own_lists += 1
-        answer.raise_for_status()
-        by_node: dict[str, list[set]] = {}
-        for item in answer.json()["items"]:
-            by_node.setdefault(item["spec"]["nodeName"], []).append(published(item["spec"]["devices"]))
-        wanted = published(devices)
-        return all(by_node.get(node) == [wanted] for node in nodes)
-
     def watches(self) -> float:
-        """Open watches on resourceslices (the API server's apiserver_longrunning_requests)."""
+        """Open watches on resourceslices (the API server's apiserver_longrunning_requests) but the
+        benchmark's own."""
         total = 0.0
         for line in self.client.get("/metrics").text.splitlines():
             if line.startswith("apiserver_longrunning_requests{") and 'resource="resourceslices"' in line \
                     and 'verb="WATCH"' in line:
                 total += float(line.rsplit(" ", 1)[1])
-        return total
+        return total - self.tracker.watches
 
     def counts(self) -> dict[str, float]:
         counts = self.server.request_counts("resourceslices")
-        counts["LIST"] = counts.get("LIST", 0.0) - self.own_lists
+        counts["LIST"] = counts.get("LIST", 0.0) - self.tracker.lists
+        counts["WATCH"] = counts.get("WATCH", 0.0) - self.tracker.watches_ended
         return counts
 
     def cpu(self) -> float:
@@ -248,6 +244,158 @@ class Fleet:
 
     def delete_slices(self) -> None:
         self.client.delete(SLICES, params={"fieldSelector": f"spec.driver={DRA_DRIVER}"}).raise_for_status()
+
+
+class SliceTracker:
+    """The driver's slices as a watch of the benchmark's own shows them. Telling when every node's are right then
+    costs the API server a LIST and a watch per row (and a LIST again if it drops the watch in a burst), not a
+    LIST of the whole fleet's slices every POLL seconds (at 1,000 nodes an answer of 4 MB each, more of them for
+    the side that takes longer), and the time until right is known to the event, not to the next poll."""
+
+    def __init__(self, server: Any):
+        self._server = server
+        self._connection: http.client.HTTPSConnection | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        # Guards _slices, _wanted, _right and _failure: the watch thread writes them, the benchmark waits on them.
+        self._changed = threading.Condition()
+        self._slices: dict[str, tuple[str, frozenset]] = {}  # slice name: (its node, its devices as published)
+        self._by_node: dict[str, dict[str, frozenset]] = {}  # node: {its slices' names: their devices}
+        self._wanted: tuple[frozenset[str], frozenset] | None = None  # the nodes and the devices awaited
+        self._right: set[str] = set()  # the awaited nodes whose one slice lists the awaited devices
+        self._failure: str | None = None
+        self.lists = 0
+        """The LISTs it made (the API server counts them with the publishers')."""
+        self.watches = 0
+        """Its watches open (0 or 1)."""
+        self.watches_ended = 0
+        """Its watches that ended (the API server counts a watch when it ends)."""
+
+    def start(self) -> None:
+        """List the slices, then watch them from the list's version; returns once the watch is open."""
+        self._stopping.clear()
+        self._failure = None
+        response = self._list_and_watch()
+        self._thread = threading.Thread(target=self._follow, args=(response,), daemon=True)
+        self._thread.start()
+
+    def _list_and_watch(self) -> http.client.HTTPResponse:
+        with self._server.client() as client:
+            listing = client.get(SLICES, params={"fieldSelector": f"spec.driver={DRA_DRIVER}"})
+            self.lists += 1
+            listing.raise_for_status()
+            body = listing.json()
+            token = client.headers["Authorization"]
+        with self._changed:
+            self._slices, self._by_node = {}, {}
+            for item in body["items"]:
+                self._place(item["metadata"]["name"], _placed(item))
+            self._judge_all()
+        query = urllib.parse.urlencode({
+            "fieldSelector": f"spec.driver={DRA_DRIVER}", "watch": "true",
+            "resourceVersion": body["metadata"]["resourceVersion"], "timeoutSeconds": int(CONVERGE_TIMEOUT * 10)})
+        url = urllib.parse.urlsplit(self._server.url)
+        # the standard library's client, whose socket `stop` can shut down under a blocked read
+        self._connection = http.client.HTTPSConnection(url.hostname or "", url.port, timeout=60,
+                                                       context=self._server.tls_context())
+        self._connection.request("GET", f"{SLICES}?{query}", headers={"Authorization": token})
+        response = self._connection.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"the benchmark's watch: {response.status} {response.read()[:200]!r}")
+        assert self._connection.sock is not None
+        self._connection.sock.settimeout(None)
+        self.watches = 1
+        return response
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._connection is not None and self._connection.sock is not None:
+            with contextlib.suppress(OSError):
+                self._connection.sock.shutdown(socket.SHUT_RDWR)  # ends the watch thread's read
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._connection is not None:
+            self._connection.close()
+        self._thread, self._connection = None, None
+
+    def _follow(self, response: http.client.HTTPResponse) -> None:
+        """Apply the watch's events; a watch the API server ends (kube-apiserver drops a watcher that falls
+        behind a burst of events) is started afresh from a new list, as an informer would."""
+        while True:
+            try:
+                while line := response.readline():
+                    if line.strip():
+                        self._apply(json.loads(line))
+            except (OSError, http.client.HTTPException):
+                pass
+            self.watches = 0
+            self.watches_ended += 1
+            if self._connection is not None:
+                self._connection.close()
+            if self._stopping.is_set():
+                return
+            try:
+                response = self._list_and_watch()
+            except Exception as exc:  # the watch is the benchmark's only view: what stops it fails the wait
+                with self._changed:
+                    self._failure = f"the benchmark's watch failed: {type(exc).__name__}: {exc}"
+                    self._changed.notify_all()
+                return
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        item = event["object"]
+        if event["type"] not in ("ADDED", "MODIFIED", "DELETED"):
+            raise RuntimeError(f"watch event {event['type']}: {item}")
+        name = item["metadata"]["name"]
+        with self._changed:
+            before = self._slices.pop(name, None)
+            if before is not None:
+                del self._by_node[before[0]][name]
+            if event["type"] != "DELETED":
+                self._place(name, _placed(item))
+            for node in {placed[0] for placed in (before, self._slices.get(name)) if placed is not None}:
+                self._judge(node)
+            self._changed.notify_all()
+
+    def _place(self, name: str, placed: tuple[str, frozenset]) -> None:
+        """Called with the lock held."""
+        self._slices[name] = placed
+        self._by_node.setdefault(placed[0], {})[name] = placed[1]
+
+    def _judge(self, node: str) -> None:
+        """Called with the lock held."""
+        if self._wanted is None or node not in self._wanted[0]:
+            return
+        if list(self._by_node.get(node, {}).values()) == [self._wanted[1]]:
+            self._right.add(node)
+        else:
+            self._right.discard(node)
+
+    def _judge_all(self) -> None:
+        """Called with the lock held."""
+        self._right = set()
+        for node in self._wanted[0] if self._wanted is not None else ():
+            self._judge(node)
+        self._changed.notify_all()
+
+    def await_right(self, nodes: list[str], devices: list[dict], timeout: float = CONVERGE_TIMEOUT) -> float:
+        """Seconds until every node has exactly one slice of the driver, listing exactly `devices` (their taints
+        too)."""
+        started = time.monotonic()
+        with self._changed:
+            self._wanted = (frozenset(nodes), frozenset(published(devices)))
+            self._judge_all()
+            while len(self._right) < len(nodes):
+                if self._failure is not None:
+                    raise RuntimeError(self._failure)
+                if not self._changed.wait(max(0.0, started + timeout - time.monotonic())):
+                    raise TimeoutError(f"not within {timeout:g}s: {len(nodes) - len(self._right)} nodes' slices "
+                                       "are not right")
+        return time.monotonic() - started
+
+
+def _placed(item: dict[str, Any]) -> tuple[str, frozenset]:
+    return item["spec"].get("nodeName", ""), frozenset(published(item["spec"].get("devices") or []))
 
 
 def _await(condition: Callable[[], bool], timeout: float, what: str) -> float:
@@ -303,7 +451,7 @@ def profiled(fleet: Fleet, row: dict[str, Any], directory: pathlib.Path | None, 
 @contextlib.contextmanager
 def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
     """Requests by verb and the API server's CPU over the block, into `row`."""
-    counts, cpu, started = fleet.counts(), fleet.cpu(), time.monotonic()
+    counts, cpu, started, lists = fleet.counts(), fleet.cpu(), time.monotonic(), fleet.tracker.lists
     yield
     seconds = time.monotonic() - started
     after = fleet.counts()
@@ -313,6 +461,7 @@ def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
     row["per_node_hour_beyond_watch"] = round(beyond / nodes / (seconds / 3600), 2)
     row["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
     row["window_s"] = round(seconds, 1)
+    row["benchmark_lists"] = fleet.tracker.lists - lists  # its watch started afresh (left out of `requests`)
 
 
 def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: float,
@@ -326,28 +475,32 @@ def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: 
                      "phase": phase})
         return rows[-1]
 
+    fleet.tracker.start()
     with measured(fleet, start := row("start"), count), profiled(fleet, start, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="start", driver=DRA_DRIVER, nodes=nodes, devices=devices[0])
-        start["until_right_s"] = round(time.monotonic() - started + _await(
-            lambda: fleet.slices_right(names, devices[0]), CONVERGE_TIMEOUT, "every node published"), 2)
+        start["until_right_s"] = round(time.monotonic() - started + fleet.tracker.await_right(names, devices[0]), 2)
     with measured(fleet, row("rest"), count):
         time.sleep(rest)  # the quiet being measured
     with measured(fleet, change := row("change"), count), profiled(fleet, change, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="update", devices=devices[1])
-        change["until_right_s"] = round(time.monotonic() - started + _await(
-            lambda: fleet.slices_right(names, devices[1]), CONVERGE_TIMEOUT, "every node changed"), 2)
+        change["until_right_s"] = round(time.monotonic() - started + fleet.tracker.await_right(names, devices[1]),
+                                        2)
     restart = row("restart")
+    fleet.tracker.stop()
     fleet.server.restart()  # graceful: kube-apiserver's own shutdown, then the same port and data again
     fleet.reconnect()
     cpu = fleet.cpu()  # the new process's, from the moment it is ready; its request counters start at zero
-    restart["until_right_s"] = round(_await(
-        lambda: fleet.watches() >= count and fleet.slices_right(names, devices[1]), CONVERGE_TIMEOUT,
-        "every node's watch back"), 2)
+    started = time.monotonic()
+    fleet.tracker.start()
+    fleet.tracker.await_right(names, devices[1])
+    _await(lambda: fleet.watches() >= count, CONVERGE_TIMEOUT, "every node's watch back")
+    restart["until_right_s"] = round(time.monotonic() - started, 2)
     time.sleep(SETTLE_SECONDS)  # what the fleet still does once it is back is part of the restart's cost
     restart["requests"] = {verb: int(n) for verb, n in sorted(fleet.counts().items()) if int(n)}
     restart["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
+    fleet.tracker.stop()
     with contextlib.suppress(Exception):
         restart.update(publishers.request(cmd="stats"))
     rows.append({"benchmark": f"dra_fleet/{side}/{count}/publishers", "side": side, "nodes": count,
@@ -392,6 +545,7 @@ def run(quick: bool, nodes: tuple[int, ...] | None = None, rest: float | None = 
                     try:
                         rows += run_side(side, fleet, publishers, count, rest, devices, profile)
                     finally:
+                        fleet.tracker.stop()
                         publishers.stop()
                         fleet.delete_slices()
                     print(json.dumps(rows[-5:]), file=sys.stderr, flush=True)

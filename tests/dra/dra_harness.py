@@ -81,11 +81,15 @@ class ApiServer:
         import httpx2
 
         config = yaml.safe_load(pathlib.Path(self.admin_kubeconfig).read_text())
-        ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
-        context = ssl.create_default_context(cadata=ca.decode())
         bearer = token or config["users"][0]["user"]["token"]
-        return httpx2.Client(base_url=self.url, verify=context, timeout=60,
+        return httpx2.Client(base_url=self.url, verify=self.tls_context(), timeout=60,
                              headers={"Authorization": f"Bearer {bearer}"})
+
+    def tls_context(self) -> ssl.SSLContext:
+        """A TLS context that trusts the API server's CA."""
+        config = yaml.safe_load(pathlib.Path(self.admin_kubeconfig).read_text())
+        ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
+        return ssl.create_default_context(cadata=ca.decode())
 
     @property
     def pid(self) -> int:
