@@ -52,6 +52,8 @@ _USER_AGENT = f"rbln-dra-worker/{VERSION}".encode()
 # The annotation of the bookmark that ends a watch-list's initial events.
 _INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _INITIAL_ONLY = ("sendInitialEvents", "resourceVersionMatch")
+# An object's metadata alone, or the whole object from a server that cannot strip it.
+_METADATA_ONLY = b"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 
 
 class ApiFailure(RuntimeError):
@@ -139,12 +141,12 @@ class KubeApi:
                 self._connection = connect(self._endpoint, self._request_timeout)
             return self._connection
 
-    def _open(self, method: str, path: str, body: Json | None = None,
-              content_type: bytes = b"application/json") -> tuple[Http2Connection, Any]:
+    def _open(self, method: str, path: str, body: Json | None = None, content_type: bytes = b"application/json",
+              accept: bytes = b"application/json") -> tuple[Http2Connection, Any]:
         from dra_worker.http2_client import NotSent
 
         # No accept-encoding: the answers come uncompressed (module docstring)
-        headers = [(b"accept", b"application/json"), (b"user-agent", _USER_AGENT)]
+        headers = [(b"accept", accept), (b"user-agent", _USER_AGENT)]
         if self._endpoint.token is not None:
             headers.append((b"authorization", b"Bearer " + self._endpoint.token().encode()))
         data = b""
@@ -159,14 +161,14 @@ class KubeApi:
             return connection, connection.open(method, path, headers, data)
 
     def _request(self, what: str, method: str, path: str, left: float, body: Json | None = None,
-                 content_type: bytes = b"application/json") -> Json:
+                 content_type: bytes = b"application/json", accept: bytes = b"application/json") -> Json:
         """One request, its answer awaited for `left` seconds at most (the call's time left), and never more than
         the client's request timeout."""
         from dra_worker.http2_client import ConnectionLost
 
         wait = max(0.0, min(self._request_timeout, left))
         try:
-            connection, stream = self._open(method, path, body, content_type)
+            connection, stream = self._open(method, path, body, content_type, accept)
             response = connection.response(stream, time.monotonic() + wait)
         except TimeoutError:
             raise ApiFailure(f"{what}: no answer in {wait:.3g} s") from None
@@ -204,8 +206,12 @@ class KubeApi:
                    self._clock() + timeout)
 
     def node_uid(self, node_name: str, timeout: float) -> str:
+        """The Node's UID, from its metadata alone (a Node's status lists its images and runs to tens of KiB) as
+        the API server's cache holds it (resourceVersion 0: no read of etcd; a UID a moment old is corrected by the
+        next repair, which asks again)."""
         what = f"get Node {node_name}"
-        node = self._call(what, lambda left: self._request(what, "GET", f"/api/v1/nodes/{_quoted(node_name)}", left),
+        path = f"/api/v1/nodes/{_quoted(node_name)}?resourceVersion=0"
+        node = self._call(what, lambda left: self._request(what, "GET", path, left, accept=_METADATA_ONLY),
                           self._clock() + timeout)
         return str((node.get("metadata") or {}).get("uid") or "")
 

@@ -110,8 +110,11 @@ class SliceView:
     """The node's slices as the API server showed them last: the watch's events and this worker's own writes."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _slices and _listed (the watcher and the publisher)
+        self._lock = threading.Lock()  # guards _slices, _deleted and _listed (the watcher and the publisher)
         self._slices: dict[str, Json] = {}
+        # The slices deleted since the last list, with the version of their deletion: a write's answer that comes
+        # after the watch told of the slice's deletion must not bring it back into the view.
+        self._deleted: dict[str, object] = {}
         self._listed = False
 
     def replace(self, items: list[Json], listed_at: object = None) -> None:
@@ -124,6 +127,7 @@ class SliceView:
                 if _later_than(held, listed_at) and _newer(held, fresh.get(name)):
                     fresh[name] = held
             self._slices = fresh
+            self._deleted.clear()
             self._listed = True
 
     def apply(self, kind: str, item: Json) -> bool:
@@ -133,7 +137,10 @@ class SliceView:
         with self._lock:
             held = self._slices.get(name)
             if kind == "DELETED":
+                self._deleted[name] = _version(item)
                 return self._slices.pop(name, None) is not None
+            if name in self._deleted and not _later_than(item, self._deleted[name]):
+                return False
             if not _newer(item, held):
                 return False
             self._slices[name] = item
@@ -163,7 +170,6 @@ class SlicePublisher:
         self._threads = [threading.Thread(target=self._publish, name="slice-publisher", daemon=True),
                          threading.Thread(target=self._watch, name="slice-watch", daemon=True)]
         # Owned by the publisher thread.
-        self._node_uid = ""
         self._last_write = float("-inf")
         # Owned by the watcher thread: False once the server refused a watch-list.
         self._watch_list = True
@@ -318,6 +324,8 @@ class SlicePublisher:
             wanted = slices.slice_specs(self._node_name, devices, current + 1, per_slice)
             differing = list(range(len(wanted)))
         kept, obsolete = existing[:len(wanted)], existing[len(wanted):]
+        node_uid = None  # asked again for every repair that creates: a Node deleted and registered again by its
+        # kubelet has a new UID, and the garbage collector deletes slices owned by the old one
         for stale in obsolete:  # first: the pool must never show more slices than its count says
             self._api.delete_slice(stale, CALL_TIMEOUT)
             self.view.apply("DELETED", stale)
@@ -326,10 +334,10 @@ class SlicePublisher:
                 spec = slices.keep_time_added(wanted[index], kept[index].get("spec") or {})
                 written = self._api.replace_slice({**kept[index], "spec": spec}, CALL_TIMEOUT)
             else:
-                if not self._node_uid:
-                    self._node_uid = self._api.node_uid(self._node_name, CALL_TIMEOUT)
+                if node_uid is None:
+                    node_uid = self._api.node_uid(self._node_name, CALL_TIMEOUT)
                 spec = wanted[index]
-                body = slices.new_slice(self._node_name, self._node_uid, spec, slices.slice_name(self._node_name))
+                body = slices.new_slice(self._node_name, node_uid, spec, slices.slice_name(self._node_name))
                 written = self._api.create_slice(body, CALL_TIMEOUT)
             self.view.apply("MODIFIED", written)
             if self._taint_effect is not None and slices.taints_dropped(spec, written.get("spec") or {}):

@@ -168,8 +168,28 @@ def test_the_threads_publish_repair_on_a_watch_event_and_ask_nothing_at_rest(set
         wait_until(lambda: _devices(server) == devices, 10, "the edit undone")
         # the server stores a write before it answers: the publisher's count follows the answer
         wait_until(lambda: published == [True, True, True], 10, "the three publishes counted")
-        assert [m for m, _ in server.requests[at_rest:]] == ["POST", "PUT"], \
-            "only the two repairs, no list and no write at rest"
+        assert [(m, p.split("?")[0]) for m, p in server.requests[at_rest:]] == [
+            ("GET", f"/api/v1/nodes/{NODE}"), ("POST", SLICES), ("PUT", f"{SLICES}/{name}")], \
+            "only the two repairs (the re-creation asks for the node's UID), no list and no write at rest"
+    finally:
+        publisher.stop()
+
+
+def test_a_slice_recreated_after_its_node_registered_again_is_owned_by_the_new_node(setup, server):
+    """A Node deleted and registered again by its kubelet has a new UID; the garbage collector deletes the
+    slices the old one owned, and the publisher's new ones must name the new UID, or they are collected too."""
+    node, state, _client, publisher = setup
+    publisher.start()
+    try:
+        feed(state, node)
+        publisher.wake()
+        wait_until(lambda: _devices(server), 10, "the pool published")
+        server.nodes[NODE] = {**server.nodes[NODE], "metadata": {"name": NODE, "uid": "uid-registered-again"}}
+        (name,) = server.slices
+        server.remove_slice(name)  # the garbage collector: its owner is gone
+        wait_until(lambda: server.slices, 10, "the pool published again")
+        (again,) = server.slices.values()
+        assert [owner["uid"] for owner in again["metadata"]["ownerReferences"]] == ["uid-registered-again"]
     finally:
         publisher.stop()
 
@@ -235,6 +255,19 @@ def test_the_view_says_whether_an_event_changed_it_so_the_echo_of_an_own_write_w
     assert view.apply("DELETED", _slice("a", "12")) is True
     assert view.apply("DELETED", _slice("a", "12")) is False, "deleted already"
     assert view.snapshot() == []
+
+
+def test_a_write_answered_after_the_watch_told_of_the_slice_deletion_does_not_bring_it_back():
+    """The watch may show a new slice created and at once deleted (its node re-registered, the garbage
+    collector) before the publisher has the create's answer in hand."""
+    view = SliceView()
+    view.replace([])
+    assert view.apply("ADDED", _slice("a", "10")) is True
+    assert view.apply("DELETED", _slice("a", "11")) is True
+    assert view.apply("MODIFIED", _slice("a", "10")) is False, "the create's answer, late"
+    assert view.snapshot() == []
+    assert view.apply("ADDED", _slice("a", "12")) is True, "made again since"
+    assert view.snapshot() == [_slice("a", "12")]
 
 
 def test_a_fresh_list_keeps_what_this_worker_wrote_after_the_version_it_was_listed_at():
