@@ -1,8 +1,10 @@
 """The API server, as worker-dra uses it: a few calls on plain dicts, over one HTTP/2 connection.
 
-ResourceSlices, ResourceClaims and the Node are the JSON objects themselves: no typed models (a conversion each
-way per call, and any field a newer API server adds lost on the way through). Credentials are the pod's service
-account, or the kubeconfig file KUBECONFIG names (dra_worker/api_credentials.py). A call that fails for a reason
+ResourceSlices, ResourceClaims and the Node are handled as their JSON objects: no typed models. Claims and the
+Node travel as JSON, so a field a newer API server adds to a claim passes through whole; slices travel in the API
+server's protobuf encoding (shared/kubeapi/protobuf.py converts), as client-go sends built-in kinds, which costs
+the API server less per write and per watch event. Credentials are the pod's service account, or the kubeconfig
+file KUBECONFIG names (dra_worker/api_credentials.py). A call that fails for a reason
 that may pass (the server unreachable, overloaded, a 5xx, 429, an answer lost with its connection) is retried with
 backoff up to a deadline; what the server refuses for good (403, 404, 409, 422) is raised at once as ApiFailure.
 
@@ -10,7 +12,7 @@ One connection to the API server per worker, as client-go keeps (dra_worker/http
 call are streams of it, so a write after a quiet while costs the API server no new TLS handshake
 (docs/dra.md#publishing-and-its-api-cost). The client is this project's own: the general-purpose stack it
 replaced (lightkube, httpx, httpcore) cost a publisher 3.6 ms of CPU per change and two fences in their
-internals; this costs about a third of that (bench/README.md).
+internals; this costs about a quarter less (bench/README.md).
 
 ResourceSlices are watched as client-go's informers watch since Kubernetes 1.32: a watch-list (the slices as they
 are, then the bookmark that ends them, then their changes: no list request), with bookmarks; a plain list and
@@ -54,6 +56,11 @@ _INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _INITIAL_ONLY = ("sendInitialEvents", "resourceVersionMatch")
 # An object's metadata alone, or the whole object from a server that cannot strip it.
 _METADATA_ONLY = b"application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+# ResourceSlices travel in the API server's protobuf encoding (shared/kubeapi/protobuf.py), as client-go's typed
+# clients send built-in kinds: JSON cost kube-apiserver about a millisecond more per write of a slice
+# (bench/README.md). Answers in JSON are taken too, and a server that refuses protobuf (415) is written JSON.
+_PROTOBUF = b"application/vnd.kubernetes.protobuf"
+_SLICE_ANSWERS = _PROTOBUF + b",application/json"
 
 
 class ApiFailure(RuntimeError):
@@ -90,13 +97,30 @@ def _quoted(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
+def _protobuf(headers: Mapping[bytes, bytes]) -> bool:
+    """Whether an answer is in the protobuf encoding (its content type says so; else it is JSON)."""
+    return headers.get(b"content-type", b"").startswith(_PROTOBUF)
+
+
+def _object(response: Response) -> Json:
+    """The answer's object, in whichever encoding it came; ValueError for one that is broken."""
+    if _protobuf(response.headers):
+        from shared.kubeapi import protobuf
+
+        return protobuf.decode(response.body)
+    answer = json.loads(response.body)
+    if not isinstance(answer, dict):
+        raise ValueError(f"a JSON {type(answer).__name__}, not an object")
+    return answer
+
+
 def _failure(what: str, response: Response) -> ApiFailure:
     """What the server refused, from its Status object where it sent one."""
     try:
-        status = json.loads(response.body)
+        status: Json | None = _object(response)
     except ValueError:
         status = None
-    if not isinstance(status, dict) or status.get("kind") != "Status":
+    if status is None or status.get("kind") != "Status":
         return ApiFailure(f"{what}: {response.status} {response.body[:200]!r}", response.status)
     return ApiFailure(f"{what}: {response.status} {status.get('reason') or ''}: {status.get('message') or ''}",
                       response.status)
@@ -106,12 +130,9 @@ def _decoded(what: str, response: Response) -> Json:
     if response.status >= 300:
         raise _failure(what, response)
     try:
-        answer = json.loads(response.body)
+        return _object(response)
     except ValueError as exc:
-        raise ApiFailure(f"{what}: the answer is not JSON ({exc})") from None
-    if not isinstance(answer, dict):
-        raise ApiFailure(f"{what}: the answer is a JSON {type(answer).__name__}, not an object")
-    return answer
+        raise ApiFailure(f"{what}: the answer is broken ({exc})") from None
 
 
 class KubeApi:
@@ -130,6 +151,8 @@ class KubeApi:
         self._request_timeout = request_timeout
         self._connecting = threading.Lock()  # guards _connection: the watcher and the publisher both call
         self._connection: Http2Connection | None = None
+        self._slices_in_json = False
+        """True once the server refused a slice in protobuf (only the publisher thread writes slices)."""
 
     def _live_connection(self) -> Http2Connection:
         """The connection, a new one if it failed or the server sent it away (one sent away keeps serving the
@@ -151,7 +174,12 @@ class KubeApi:
             headers.append((b"authorization", b"Bearer " + self._endpoint.token().encode()))
         data = b""
         if body is not None:
-            data = json.dumps(body, separators=(",", ":")).encode()
+            if content_type == _PROTOBUF:
+                from shared.kubeapi import protobuf
+
+                data = protobuf.encode(body)
+            else:
+                data = json.dumps(body, separators=(",", ":")).encode()
             headers.append((b"content-type", content_type))
         connection = self._live_connection()
         try:
@@ -224,7 +252,7 @@ class KubeApi:
         path = f"{_SLICES}?" + urllib.parse.urlencode({"fieldSelector": self._selector(node_name)})
 
         def work(left: float) -> SliceList:
-            listing = self._request(what, "GET", path, left)
+            listing = self._request(what, "GET", path, left, accept=_SLICE_ANSWERS)
             items = listing.get("items")
             version = (listing.get("metadata") or {}).get("resourceVersion")
             if not isinstance(items, list) or not isinstance(version, str):
@@ -286,19 +314,20 @@ class KubeApi:
         from dra_worker.http2_client import ConnectionLost
 
         try:
-            connection, stream = self._open("GET", path)
+            connection, stream = self._open("GET", path, accept=_SLICE_ANSWERS)
         except ConnectionLost as exc:
             raise ApiFailure(f"{what}: {exc}") from None
         try:
-            status, _ = connection.head(stream, time.monotonic() + self._request_timeout)
+            status, headers = connection.head(stream, time.monotonic() + self._request_timeout)
             if status != 200:
                 raise _failure(what, connection.response(stream, time.monotonic() + self._request_timeout))
-            pending = b""
-            for chunk in connection.chunks(stream):
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield _event(what, line)
+            events = _protobuf_events if _protobuf(headers) else _json_events
+            for kind, item in events(what, connection.chunks(stream)):
+                if kind == "ERROR":
+                    code = item.get("code")
+                    raise ApiFailure(f"{what}: {code} {item.get('reason') or ''}: {item.get('message') or ''}",
+                                     code if isinstance(code, int) else None)
+                yield kind, item
         except TimeoutError:
             raise ApiFailure(f"{what}: no answer in {self._request_timeout:g} s") from None
         finally:
@@ -316,11 +345,11 @@ class KubeApi:
             nonlocal tries
             tries += 1
             try:
-                return self._request(what, "POST", path, left, body)
+                return self._write_slice(what, "POST", path, left, body)
             except ApiFailure as failure:
                 if tries == 1 or failure.status != 409:
                     raise
-            return self._request(what, "GET", f"{_SLICES}/{_quoted(name)}", left)
+            return self._request(what, "GET", f"{_SLICES}/{_quoted(name)}", left, accept=_SLICE_ANSWERS)
 
         return self._call(what, work, self._clock() + timeout)
 
@@ -329,7 +358,20 @@ class KubeApi:
         name = body["metadata"]["name"]
         what = f"update ResourceSlice {name}"
         path = f"{_SLICES}/{_quoted(name)}?" + urllib.parse.urlencode({"fieldManager": FIELD_MANAGER})
-        return self._call(what, lambda left: self._request(what, "PUT", path, left, body), self._clock() + timeout)
+        return self._call(what, lambda left: self._write_slice(what, "PUT", path, left, body),
+                          self._clock() + timeout)
+
+    def _write_slice(self, what: str, method: str, path: str, left: float, body: Json) -> Json:
+        """A slice sent in the protobuf encoding, or in JSON to a server that refused it once (415)."""
+        if self._slices_in_json:
+            return self._request(what, method, path, left, body, accept=_SLICE_ANSWERS)
+        try:
+            return self._request(what, method, path, left, body, _PROTOBUF, _SLICE_ANSWERS)
+        except ApiFailure as failure:
+            if failure.status != 415:
+                raise
+        self._slices_in_json = True
+        return self._request(what, method, path, left, body, accept=_SLICE_ANSWERS)
 
     def delete_slice(self, existing: Json, timeout: float) -> None:
         """Delete a slice as it was seen (its UID and resourceVersion); one gone already is what was wanted."""
@@ -339,23 +381,38 @@ class KubeApi:
                    "preconditions": {"uid": metadata["uid"], "resourceVersion": metadata["resourceVersion"]}}
         path = f"{_SLICES}/{_quoted(metadata['name'])}"
         try:
-            self._call(what, lambda left: self._request(what, "DELETE", path, left, options), self._clock() + timeout)
+            self._call(what, lambda left: self._request(what, "DELETE", path, left, options, accept=_SLICE_ANSWERS),
+                       self._clock() + timeout)
         except ApiFailure as failure:
             if failure.status != 404:
                 raise
 
 
-def _event(what: str, line: bytes) -> tuple[str, Json]:
-    """One line of a watch: (its type, its object); ApiFailure for an ERROR event (410 Gone) or a broken line."""
+def _json_events(what: str, chunks: Iterator[bytes]) -> Iterator[tuple[str, Json]]:
+    """A JSON watch's events: one JSON object a line; ApiFailure for a broken one."""
+    pending = b""
+    for chunk in chunks:
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+                kind, item = event["type"], event["object"]
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ApiFailure(f"{what}: a broken event ({type(exc).__name__}: {line[:200]!r})") from None
+            if not isinstance(kind, str) or not isinstance(item, dict):
+                raise ApiFailure(f"{what}: a broken event ({line[:200]!r})")
+            yield kind, item
+
+
+def _protobuf_events(what: str, chunks: Iterator[bytes]) -> Iterator[tuple[str, Json]]:
+    """A protobuf watch's events (shared/kubeapi/protobuf.py); ApiFailure for a broken one."""
+    from shared.kubeapi import protobuf
+
+    stream = protobuf.WatchStream()
     try:
-        event = json.loads(line)
-        kind, item = event["type"], event["object"]
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ApiFailure(f"{what}: a broken event ({type(exc).__name__}: {line[:200]!r})") from None
-    if not isinstance(kind, str) or not isinstance(item, dict):
-        raise ApiFailure(f"{what}: a broken event ({line[:200]!r})")
-    if kind == "ERROR":
-        code = item.get("code")
-        raise ApiFailure(f"{what}: {code} {item.get('reason') or ''}: {item.get('message') or ''}",
-                         code if isinstance(code, int) else None)
-    return kind, item
+        for chunk in chunks:
+            yield from stream.feed(chunk)
+    except protobuf.DecodeError as exc:
+        raise ApiFailure(f"{what}: a broken event ({exc})") from None

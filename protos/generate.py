@@ -1,7 +1,7 @@
-"""Regenerate the committed Python stubs of the kubelet APIs the project speaks.
+"""Regenerate the committed Python stubs of the kubelet APIs the project speaks, and of the API server's.
 
-    python protos/generate.py            # rewrite shared/kubelet/<api>/<version>/ for every API
-    python protos/generate.py --out DIR  # write to DIR/<api>/<version>/ instead (the drift test does this)
+    python protos/generate.py            # rewrite shared/<home>/<api>/<version>/ for every API
+    python protos/generate.py --out DIR  # write to DIR/<home>/<api>/<version>/ instead (the drift test does this)
 
 The stubs are committed so that `pip install .` needs no code generator; the
 test `tests/unit/test_proto_stubs.py` regenerates them and fails on any drift.
@@ -19,16 +19,23 @@ PROTO_ROOT = pathlib.Path(__file__).resolve().parent
 # versions of the DRA plugin API the kubelet may call, and both versions of the DRA health service it may
 # watch (k8s.io/kubelet/pkg/apis/dra-health/<version>: the dash, which no Python package name takes, is an
 # underscore here).
-APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1",
-        "dra_health/v1", "dra_health/v1alpha1")
-DEFAULT_OUT = PROTO_ROOT.parent / "shared" / "kubelet"
+KUBELET_APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1",
+                "dra_health/v1", "dra_health/v1alpha1")
+# The API server's ResourceSlices in its protobuf encoding (worker-dra's publisher): messages only, no service.
+APISERVER_APIS = ("resource/v1",)
+APIS = KUBELET_APIS + APISERVER_APIS
+DEFAULT_OUT = PROTO_ROOT.parent / "shared"
+
+
+def home(api: str) -> str:
+    """Where an API's stubs live under shared/: kubelet/<api>/<version> or kubeapi/<api>/<version>."""
+    return f"{'kubelet' if api in KUBELET_APIS else 'kubeapi'}/{api}"
 
 
 def _package_import(api: str) -> tuple[str, str]:
-    """protoc names a module by its proto's path; the stubs live in the package shared.kubelet.<api>.<version>, so
-    the gRPC module's import is rewritten to match."""
-    module = api.replace("/", ".")
-    return f"from {module} import api_pb2", f"from shared.kubelet.{module} import api_pb2"
+    """protoc names a module by its proto's path; the stubs live in the package shared.<home>, so the gRPC
+    module's import is rewritten to match."""
+    return f"from {api.replace('/', '.')} import api_pb2", f"from shared.{home(api).replace('/', '.')} import api_pb2"
 
 
 def generate(out_root: pathlib.Path) -> list[pathlib.Path]:
@@ -38,16 +45,17 @@ def generate(out_root: pathlib.Path) -> list[pathlib.Path]:
 
     written = []
     for api in APIS:
-        out_dir = out_root / api
+        out_dir = out_root / home(api)
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as raw:
+            services = [f"--grpc_python_out={raw}"] if api in KUBELET_APIS else []
             status = protoc.main(
                 [
                     "grpc_tools.protoc",
                     f"-I{PROTO_ROOT}",
                     f"--python_out={raw}",
                     f"--pyi_out={raw}",
-                    f"--grpc_python_out={raw}",
+                    *services,
                     str(PROTO_ROOT / api / "api.proto"),
                 ]
             )

@@ -1,6 +1,8 @@
 """A loopback HTTP stand-in for the few API server endpoints worker-dra calls: the API server of
 `rbln-device-plugin simulate --resource-api dra`, and of the tests of worker-dra's client and the benchmarks
-(the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON, records
+(the real kube-apiserver runs in tests/dra). It keeps ResourceSlices, ResourceClaims and Nodes as JSON (slices
+sent in the API server's protobuf encoding are decoded, unless `protobuf` is off: then 415; answers are JSON
+whatever is asked, as a server may answer), records
 every request, and can be told to fail the next requests with a status, or to carry them out and lose their
 answers. ResourceSlices have resource versions (one counter for all, as etcd's), updates and deletes honour them
 as preconditions (409), a create of a name there is already is refused (409 AlreadyExists), and a watch streams
@@ -27,6 +29,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
+from shared.kubeapi import protobuf
 from simulator.http2_server import Http2Server, Request, Stream
 
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -87,7 +90,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _handle(self) -> None:
         api: FakeKubeApi = self.server.api  # type: ignore[attr-defined]
         length = int(self.headers.get("Content-Length") or 0)
-        answer = api._answer(self.command, self.path, self.rfile.read(length) if length else b"")
+        answer = api._answer(self.command, self.path, self.rfile.read(length) if length else b"",
+                             self.headers.get("Content-Type") or "")
         if answer is None:
             self.close_connection = True  # the answer lost: the connection closes without it
         elif isinstance(answer, _Watch):
@@ -119,7 +123,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def _serve_http2(api: FakeKubeApi, request: Request, stream: Stream) -> None:
     """One request to the stand-in over HTTP/2, on its stream's own thread."""
-    answer = api._answer(request.method, request.path, request.body)
+    answer = api._answer(request.method, request.path, request.body, request.headers.get("content-type", ""))
     if answer is None:
         stream.drop_connection()  # the answer lost, as a real API server's "Server disconnected"
     elif isinstance(answer, _Watch):
@@ -164,6 +168,9 @@ class FakeKubeApi:
         """The next this many requests are carried out and their connections closed without an answer."""
         self.taints_off = False
         """Store slices without their devices' taints, as an API server with DRADeviceTaints off does."""
+        self.protobuf = True
+        """Take bodies in the API server's protobuf encoding (else 415, as a server that has no protobuf for the
+        kind); answers are JSON whatever is asked, as a server may answer."""
         self._names = itertools.count()
         self._version = 1
         self._events: list[tuple[int, str, dict[str, Any]]] = []  # (version, type, object) of slice changes
@@ -278,10 +285,15 @@ class FakeKubeApi:
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]}))
         return path
 
-    def _answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes] | _Watch | None:
+    def _answer(self, method: str, path: str, body: bytes, content_type: str = "") -> tuple[int, bytes] | _Watch | None:
         """What to answer a request, whichever protocol brought it: a status and its JSON, a watch to stream, or
         None for an answer to lose (the request carried out, its connection to be closed unanswered)."""
-        document = json.loads(body) if body else None
+        in_protobuf = content_type.startswith(protobuf.MEDIA_TYPE)
+        if in_protobuf and not self.protobuf:
+            with self._lock:
+                self.requests.append((method, path))
+            return 415, _json(_status(415, f"the content type {content_type} is not taken"))
+        document = (protobuf.decode(body) if in_protobuf else json.loads(body)) if body else None
         with self._lock:
             self.requests.append((method, path))
             if self.fail:

@@ -13,6 +13,7 @@ import pytest
 from dra_worker.api_credentials import ConfigError
 from dra_worker.kube import ApiFailure, KubeApi
 from dra_worker.publisher import SlicePublisher
+from shared.kubeapi.protobuf import EncodeError
 from simulator.kube_api import FakeKubeApi
 from tests.support.certificates import self_signed
 from tests.support.dra import NODE, claim, feed, simulated_node
@@ -199,19 +200,32 @@ def _new_slice(name: str) -> dict:
                      "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": []}}
 
 
-def test_objects_pass_through_whole_fields_the_client_s_models_do_not_know(server, client):
-    """A newer API server's fields (here made up) are neither dropped nor renamed on the way in or out."""
+def test_claims_pass_through_whole_fields_the_client_does_not_know(server, client):
+    """A newer API server's fields (here made up) are neither dropped nor renamed on the way in: claims are JSON."""
     body = claim("uid-2", ["rbln1"], name="c2", namespace="team-b")
     body["status"]["futureStatus"] = {"someCamelCase": [1, 2]}
     server.claims[("team-b", "c2")] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                                        **body, "spec": {"devices": {}, "futureSpec": True}}
     got = client.get_claim("team-b", "c2", timeout=5)
     assert got["status"]["futureStatus"] == {"someCamelCase": [1, 2]} and got["spec"]["futureSpec"] is True
+
+
+def test_a_slice_field_the_protobuf_schema_lacks_is_refused_by_name_before_anything_is_sent(server, client):
+    """Slices travel in protobuf, whose schema is this client's: a field it lacks cannot be sent, and is said."""
     body = _new_slice("node-a-slice")
-    created = client.create_slice({**body, "spec": {**body["spec"], "futureField": "x"}}, timeout=5)
-    (stored,) = server.slices.values()
-    assert stored["spec"]["futureField"] == "x" and created["spec"]["futureField"] == "x"
-    assert [s["spec"]["futureField"] for s in client.list_slices(NODE, timeout=5).items] == ["x"]
+    sent = len(server.requests)
+    with pytest.raises(EncodeError, match=r"ResourceSlice\.spec: ResourceSliceSpec has no field 'futureField'"):
+        client.create_slice({**body, "spec": {**body["spec"], "futureField": "x"}}, timeout=5)
+    assert len(server.requests) == sent and server.slices == {}
+
+
+def test_a_server_that_refuses_protobuf_is_written_json_from_then_on(server, client):
+    server.protobuf = False
+    client.create_slice(_new_slice("node-a-slice"), timeout=5)
+    client.create_slice(_new_slice("node-a-other"), timeout=5)
+    writes = [m for m, p in server.requests if p.startswith("/apis/resource.k8s.io/v1/resourceslices")]
+    assert writes == ["POST", "POST", "POST"], "one refused protobuf create, then JSON only"
+    assert sorted(server.slices) == ["node-a-other", "node-a-slice"]
 
 
 def test_the_server_is_verified_against_the_kubeconfig_s_certificate_authority(tmp_path):

@@ -10,8 +10,14 @@ from shared.kubelet.deviceplugin.v1beta1 import api_pb2
 from shared.kubelet.podresources.v1 import api_pb2 as podresources_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1",
-        "dra_health/v1", "dra_health/v1alpha1")
+KUBELET_APIS = ("deviceplugin/v1beta1", "podresources/v1", "pluginregistration/v1", "dra/v1", "dra/v1beta1",
+                "dra_health/v1", "dra_health/v1alpha1")
+APISERVER_APIS = ("resource/v1",)
+APIS = KUBELET_APIS + APISERVER_APIS
+
+
+def home(api: str) -> str:
+    return f"{'kubelet' if api in KUBELET_APIS else 'kubeapi'}/{api}"
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +30,17 @@ def generated(tmp_path_factory) -> pathlib.Path:
 def test_every_api_under_protos_is_generated(generated):
     protos = sorted(str(p.parent.relative_to(ROOT / "protos")) for p in (ROOT / "protos").rglob("*.proto"))
     assert protos == sorted(APIS)
-    assert sorted(str(p.relative_to(generated)) for p in generated.glob("*/*")) == sorted(APIS)
+    assert sorted(str(p.relative_to(generated)) for p in generated.glob("*/*/*")) == sorted(map(home, APIS))
 
 
 @pytest.mark.parametrize("api", APIS)
 def test_committed_stubs_match_the_proto(generated, api):
-    names = sorted(p.name for p in (generated / api).iterdir())
-    assert names == ["api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"]
+    """The kubelet's APIs with their gRPC services; the API server's messages alone."""
+    names = sorted(p.name for p in (generated / home(api)).iterdir())
+    assert names == ["api_pb2.py", "api_pb2.pyi", *(["api_pb2_grpc.py"] if api in KUBELET_APIS else [])]
     for name in names:
-        committed = ROOT / "shared" / "kubelet" / api / name
-        assert (generated / api / name).read_text() == committed.read_text(), \
+        committed = ROOT / "shared" / home(api) / name
+        assert (generated / home(api) / name).read_text() == committed.read_text(), \
             f"{committed} is stale: run protos/generate.py"
 
 
