@@ -7,8 +7,10 @@ package main
 // Driven over stdin, one JSON command per line, one JSON answer per line ({"ok": true, ...} or
 // {"ok": false, "error": "..."}):
 //
-//	{"cmd": "start", "driver": D, "nodes": [{"name", "uid"}], "devices": [DEVICE...]}
-//	    a controller per node publishing one pool named after the node with DEVICES (resource.k8s.io/v1)
+//	{"cmd": "start", "driver": D, "nodes": [{"name"}], "devices": [DEVICE...]}
+//	    a controller per node publishing one pool named after the node with DEVICES (resource.k8s.io/v1), its
+//	    slices owned by the Node, whose UID the controller looks up itself (as it does for a DRA driver's
+//	    kubelet plugin that is not handed the UID: a pod cannot learn its Node's UID from the downward API)
 //	{"cmd": "update", "devices": [DEVICE...]}   every node's pool changed to DEVICES
 //	{"cmd": "stats"}                           {"creates", "updates", "deletes"}: the controllers' own counts
 //	{"cmd": "stop"}
@@ -25,7 +27,6 @@ import (
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
@@ -34,7 +35,6 @@ import (
 
 type publisherNode struct {
 	Name string `json:"name"`
-	UID  string `json:"uid"`
 }
 
 type publishersCommand struct {
@@ -139,7 +139,7 @@ func startPublisher(ctx context.Context, kubeconfig, driver string, node publish
 	}
 	controller, err := resourceslice.StartController(ctx, resourceslice.Options{
 		DriverName: driver, KubeClient: client,
-		Owner:     &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: types.UID(node.UID)},
+		Owner:     &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: node.Name},
 		Resources: pool(node.Name, devices),
 	})
 	if err != nil {
