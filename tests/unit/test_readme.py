@@ -27,7 +27,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 MAPPED_PACKAGES = ("shared", "scanner", "resource_worker", "kubelet_watchdog", "dra_worker", "rbln_device_plugin",
                    "simulator")
 GENERATED = ("shared/kubelet/deviceplugin/", "shared/kubelet/podresources/", "shared/kubelet/pluginregistration/",
-             "shared/kubelet/dra/", "shared/kubelet/dra_health/")
+             "shared/kubelet/dra/", "shared/kubelet/dra_health/", "shared/kubeapi/resource/")
 
 
 def _map_entries() -> list[str]:
