@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError as _ProtobufDecodeError
@@ -55,7 +55,7 @@ def encode(obj: Mapping[str, Any]) -> bytes:
     if message_type is None:
         raise EncodeError(f"no protobuf message for kind {kind!r} of {api_version!r}")
     message = message_type()
-    _fill(message, {key: value for key, value in obj.items() if key not in ("apiVersion", "kind")}, kind)
+    _fill(message, {key: value for key, value in obj.items() if key not in ("apiVersion", "kind")}, str(kind))
     envelope = api_pb2.Unknown(typeMeta=api_pb2.TypeMeta(apiVersion=api_version, kind=kind),
                                raw=message.SerializeToString())
     return MAGIC + envelope.SerializeToString()
@@ -170,17 +170,17 @@ def _fields(descriptor: Any) -> dict[str, tuple[FieldDescriptor, int, Descriptor
 
 # Where in the object a value is: the kind at the top, else (where its parent is, its field, its key or index
 # or None): spelt out only for an error.
-Where = "str | tuple[Where, str, object]"
+Where: TypeAlias = "str | tuple[Where, str, object]"
 
 
-def _spelt(where: Any) -> str:
+def _spelt(where: Where) -> str:
     if isinstance(where, str):
         return where
     parent, name, key = where
     return f"{_spelt(parent)}.{name}" if key is None else f"{_spelt(parent)}.{name}[{key!r}]"
 
 
-def _fill(message: Message, obj: Mapping[str, Any], where: Any) -> None:
+def _fill(message: Message, obj: Mapping[str, Any], where: Where) -> None:
     if not isinstance(obj, dict | Mapping):
         raise EncodeError(f"{_spelt(where)}: an object is wanted, not {type(obj).__name__}")
     message.SetInParent()
@@ -215,7 +215,7 @@ def _fill(message: Message, obj: Mapping[str, Any], where: Any) -> None:
             raise EncodeError(f"{_spelt((where, name, None))}: {exc}") from None
 
 
-def _set(message: Message, descriptor: Descriptor | None, value: Any, where: Any, name: str,
+def _set(message: Message, descriptor: Descriptor | None, value: Any, where: Where, name: str,
          key: object = None) -> None:
     """Fill a message field of the object at `where` (its `name`, and the `key` or index within it)."""
     if descriptor is _QUANTITY:
