@@ -256,10 +256,11 @@ class SliceTracker:
         self._connection: http.client.HTTPSConnection | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        # Guards _slices, _wanted, _right and _failure: the watch thread writes them, the benchmark waits on them.
+        # Guards _node_of, _by_node, _wanted, _right and _failure: the watch thread writes them, the benchmark
+        # waits on them.
         self._changed = threading.Condition()
-        self._slices: dict[str, tuple[str, frozenset]] = {}  # slice name: (its node, its devices as published)
-        self._by_node: dict[str, dict[str, frozenset]] = {}  # node: {its slices' names: their devices}
+        self._node_of: dict[str, str] = {}  # slice name: its node
+        self._by_node: dict[str, dict[str, frozenset]] = {}  # node: {its slices' names: their devices as published}
         self._wanted: tuple[frozenset[str], frozenset] | None = None  # the nodes and the devices awaited
         self._right: set[str] = set()  # the awaited nodes whose one slice lists the awaited devices
         self._failure: str | None = None
@@ -286,9 +287,9 @@ class SliceTracker:
             body = listing.json()
             token = client.headers["Authorization"]
         with self._changed:
-            self._slices, self._by_node = {}, {}
+            self._node_of, self._by_node = {}, {}
             for item in body["items"]:
-                self._place(item["metadata"]["name"], _placed(item))
+                self._place(item)
             self._judge_all()
         query = urllib.parse.urlencode({
             "fieldSelector": f"spec.driver={DRA_DRIVER}", "watch": "true",
@@ -322,9 +323,8 @@ class SliceTracker:
         behind a burst of events) is started afresh from a new list, as an informer would."""
         while True:
             try:
-                while line := response.readline():
-                    if line.strip():
-                        self._apply(json.loads(line))
+                while (line := response.readline()) and self._apply(json.loads(line) if line.strip() else None):
+                    pass
             except (OSError, http.client.HTTPException):
                 pass
             self.watches = 0
@@ -341,25 +341,32 @@ class SliceTracker:
                     self._changed.notify_all()
                 return
 
-    def _apply(self, event: dict[str, Any]) -> None:
-        item = event["object"]
+    def _apply(self, event: dict[str, Any] | None) -> bool:
+        """One line of the watch (None: an empty one); False for an ERROR event (410 Gone: the watch is started
+        afresh)."""
+        if event is None:
+            return True
         if event["type"] not in ("ADDED", "MODIFIED", "DELETED"):
-            raise RuntimeError(f"watch event {event['type']}: {item}")
+            return event["type"] != "ERROR"
+        item = event["object"]
         name = item["metadata"]["name"]
         with self._changed:
-            before = self._slices.pop(name, None)
+            before = self._node_of.pop(name, None)
             if before is not None:
-                del self._by_node[before[0]][name]
+                del self._by_node[before][name]
             if event["type"] != "DELETED":
-                self._place(name, _placed(item))
-            for node in {placed[0] for placed in (before, self._slices.get(name)) if placed is not None}:
-                self._judge(node)
+                self._place(item)
+            for node in {before, self._node_of.get(name)}:
+                if node is not None:
+                    self._judge(node)
             self._changed.notify_all()
+        return True
 
-    def _place(self, name: str, placed: tuple[str, frozenset]) -> None:
+    def _place(self, item: dict[str, Any]) -> None:
         """Called with the lock held."""
-        self._slices[name] = placed
-        self._by_node.setdefault(placed[0], {})[name] = placed[1]
+        name, node = item["metadata"]["name"], item["spec"].get("nodeName", "")
+        self._node_of[name] = node
+        self._by_node.setdefault(node, {})[name] = frozenset(published(item["spec"].get("devices") or []))
 
     def _judge(self, node: str) -> None:
         """Called with the lock held."""
@@ -391,10 +398,6 @@ class SliceTracker:
                     raise TimeoutError(f"not within {timeout:g}s: {len(nodes) - len(self._right)} nodes' slices "
                                        "are not right")
         return time.monotonic() - started
-
-
-def _placed(item: dict[str, Any]) -> tuple[str, frozenset]:
-    return item["spec"].get("nodeName", ""), frozenset(published(item["spec"].get("devices") or []))
 
 
 def _await(condition: Callable[[], bool], timeout: float, what: str) -> float:

@@ -324,8 +324,9 @@ class SlicePublisher:
             wanted = slices.slice_specs(self._node_name, devices, current + 1, per_slice)
             differing = list(range(len(wanted)))
         kept, obsolete = existing[:len(wanted)], existing[len(wanted):]
-        node_uid = None  # asked again for every repair that creates: a Node deleted and registered again by its
-        # kubelet has a new UID, and the garbage collector deletes slices owned by the old one
+        # The Node's UID, asked again by every repair that creates: a Node deleted and registered again by its
+        # kubelet has a new UID, and the garbage collector deletes the slices the old one owned.
+        node_uid = None
         for stale in obsolete:  # first: the pool must never show more slices than its count says
             self._api.delete_slice(stale, CALL_TIMEOUT)
             self.view.apply("DELETED", stale)

@@ -289,13 +289,11 @@ class FakeKubeApi:
         """What to answer a request, whichever protocol brought it: a status and its JSON, a watch to stream, or
         None for an answer to lose (the request carried out, its connection to be closed unanswered)."""
         in_protobuf = content_type.startswith(protobuf.MEDIA_TYPE)
-        if in_protobuf and not self.protobuf:
-            with self._lock:
-                self.requests.append((method, path))
-            return 415, _json(_status(415, f"the content type {content_type} is not taken"))
-        document = (protobuf.decode(body) if in_protobuf else json.loads(body)) if body else None
         with self._lock:
             self.requests.append((method, path))
+            if in_protobuf and not self.protobuf:
+                return 415, _json(_status(415, f"the content type {content_type} is not taken"))
+            document = (protobuf.decode(body) if in_protobuf else json.loads(body)) if body else None
             if self.fail:
                 status = self.fail.pop(0)
                 return status, _json(_status(status, "injected"))

@@ -157,14 +157,14 @@ def _value(message: Message) -> Any:
 
 # -- JSON to message ------------------------------------------------------------------------------------------
 
-_by_name: dict[Any, dict[str, tuple[FieldDescriptor, int, Descriptor | None]]] = {}
+_by_name: dict[Any, dict[str, tuple[int, Descriptor | None]]] = {}
 
 
-def _fields(descriptor: Any) -> dict[str, tuple[FieldDescriptor, int, Descriptor | None]]:
+def _fields(descriptor: Any) -> dict[str, tuple[int, Descriptor | None]]:
     """A message type's fields by name, each with its plan."""
     fields = _by_name.get(descriptor)
     if fields is None:
-        fields = _by_name[descriptor] = {field.name: (field, *_plan(field)) for field in descriptor.fields}
+        fields = _by_name[descriptor] = {field.name: _plan(field) for field in descriptor.fields}
     return fields
 
 
@@ -181,17 +181,17 @@ def _spelt(where: Where) -> str:
 
 
 def _fill(message: Message, obj: Mapping[str, Any], where: Where) -> None:
-    if not isinstance(obj, dict | Mapping):
+    if not isinstance(obj, dict | Mapping):  # dict first: the check against the ABC alone costs more
         raise EncodeError(f"{_spelt(where)}: an object is wanted, not {type(obj).__name__}")
     message.SetInParent()
     fields = _by_name.get(message.DESCRIPTOR) or _fields(message.DESCRIPTOR)
     for name, value in obj.items():
-        known = fields.get(name)
-        if value is None or (known is None and name in _SERVER_KEPT):
+        plan = fields.get(name)
+        if value is None or (plan is None and name in _SERVER_KEPT):
             continue
-        if known is None:
+        if plan is None:
             raise EncodeError(f"{_spelt(where)}: {message.DESCRIPTOR.name} has no field {name!r}")
-        _, kind, entry = known
+        kind, entry = plan
         try:
             if kind == SCALAR:
                 setattr(message, name, value)
