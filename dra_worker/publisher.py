@@ -51,6 +51,8 @@ RELIST_BACKOFF = (1.0, 30.0)
 HEALTHY_WATCH = 60.0
 # What an API server without watch-lists answers one (the WatchList feature off): then a list and a watch.
 _NO_WATCH_LIST = frozenset({400, 422})
+# How many deleted slices the view remembers (SliceView._deleted).
+DELETED_KEPT = 64
 # Writes less than this apart count as one fight with another writer; each fight step doubles the pause.
 FIGHT_WINDOW = 5.0
 FIGHT_PAUSE = (0.5, 30.0)
@@ -112,8 +114,10 @@ class SliceView:
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards _slices, _deleted and _listed (the watcher and the publisher)
         self._slices: dict[str, Json] = {}
-        # The slices deleted since the last list, with the version of their deletion: a write's answer that comes
-        # after the watch told of the slice's deletion must not bring it back into the view.
+        # The slices deleted lately (the last DELETED_KEPT since the last list), with the version of their
+        # deletion: a write's answer that comes after the watch told of the slice's deletion must not bring it
+        # back into the view. Such an answer is milliseconds late; a worker that runs for months sees a new
+        # slice name at every create, so older entries are let go.
         self._deleted: dict[str, object] = {}
         self._listed = False
 
@@ -138,6 +142,8 @@ class SliceView:
             held = self._slices.get(name)
             if kind == "DELETED":
                 self._deleted[name] = _version(item)
+                if len(self._deleted) > DELETED_KEPT:
+                    del self._deleted[next(iter(self._deleted))]
                 return self._slices.pop(name, None) is not None
             if name in self._deleted and not _later_than(item, self._deleted[name]):
                 return False

@@ -9,7 +9,7 @@ from loguru import logger
 
 from dra_worker.inventory import InventoryState
 from dra_worker.kube import ApiFailure, KubeApi
-from dra_worker.publisher import SlicePublisher, SliceView
+from dra_worker.publisher import DELETED_KEPT, SlicePublisher, SliceView
 from shared.config import DRA_DRIVER
 from simulator.kube_api import FakeKubeApi
 from tests.support.dra import NODE, feed, simulated_node
@@ -268,6 +268,16 @@ def test_a_write_answered_after_the_watch_told_of_the_slice_deletion_does_not_br
     assert view.snapshot() == []
     assert view.apply("ADDED", _slice("a", "12")) is True, "made again since"
     assert view.snapshot() == [_slice("a", "12")]
+
+
+def test_the_view_remembers_only_the_latest_deletions():
+    """A worker that runs for months deletes many slices, each of another name: the view keeps DELETED_KEPT."""
+    view = SliceView()
+    view.replace([])
+    for number in range(DELETED_KEPT + 1):
+        view.apply("DELETED", _slice(f"s{number}", str(10 + number)))
+    assert view.apply("MODIFIED", _slice("s0", "5")) is True, "the oldest deletion let go"
+    assert view.apply("MODIFIED", _slice("s1", "5")) is False, "a later one still kept"
 
 
 def test_a_fresh_list_keeps_what_this_worker_wrote_after_the_version_it_was_listed_at():
