@@ -17,7 +17,7 @@
   ResourceSlices show it is measured. Goal: <= one scan interval + 1 s.
 - `dra/rss`: worker-dra's resident memory after its slices are published and a claim was prepared over its
   socket, with metrics on and tracing off (the defaults). Goal: <= 45 MiB. `anonymous_mib` is the worker's own
-  memory; the rest of its RSS is the libraries' code (gRPC's core alone about 13 MiB, libpython 5, libcrypto 4),
+  memory; the rest of its RSS is the libraries' code (gRPC's core alone about 10 MiB, libpython 5, libcrypto 4),
   pages the stack's other Python processes map too (PSS splits them).
 """
 

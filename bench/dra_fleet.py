@@ -23,8 +23,8 @@ every node's watch is back and its slices are right, then 10 s more). Per row: r
 verb (the API server's own `apiserver_request_total`, which counts a watch when it ends: an open watch is not in
 it; its counters start again at a restart; the requests of the benchmark's own watch are left out, and the
 LISTs it made to start it afresh are in `benchmark_lists`),
-requests per node-hour beyond the watch, the API server's CPU seconds (etcd's included: one process) and the
-seconds until right.
+requests per node-hour beyond the watch, the API server's CPU seconds (etcd's included: one process), the
+publishers' (on this machine they share its cores with the API server) and the seconds until right.
 The publishers' own processes: CPU seconds and RSS (summed over a side's processes) at the end of the run.
 Goals: no row worse than the Go controller's, and at rest <= 1 request per node-hour beyond the watch.
 
@@ -451,9 +451,10 @@ def profiled(fleet: Fleet, row: dict[str, Any], directory: pathlib.Path | None, 
 
 
 @contextlib.contextmanager
-def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
-    """Requests by verb and the API server's CPU over the block, into `row`."""
+def measured(fleet: Fleet, publishers: Publishers, row: dict[str, Any], nodes: int) -> Iterator[None]:
+    """Requests by verb, the API server's CPU and the publishers' over the block, into `row`."""
     counts, cpu, started, lists = fleet.counts(), fleet.cpu(), time.monotonic(), fleet.tracker.lists
+    publishers_cpu = publishers.cpu_seconds()
     yield
     seconds = time.monotonic() - started
     after = fleet.counts()
@@ -462,6 +463,7 @@ def measured(fleet: Fleet, row: dict[str, Any], nodes: int) -> Iterator[None]:
     beyond = sum(n for verb, n in by_verb.items() if verb != "WATCH")
     row["per_node_hour_beyond_watch"] = round(beyond / nodes / (seconds / 3600), 2)
     row["apiserver_cpu_s"] = round(fleet.cpu() - cpu, 2)
+    row["publishers_cpu_s"] = round(publishers.cpu_seconds() - publishers_cpu, 2)
     row["window_s"] = round(seconds, 1)
     row["benchmark_lists"] = fleet.tracker.lists - lists  # its watch started afresh (left out of `requests`)
 
@@ -478,13 +480,13 @@ def run_side(side: str, fleet: Fleet, publishers: Publishers, count: int, rest: 
         return rows[-1]
 
     fleet.tracker.start()
-    with measured(fleet, start := row("start"), count), profiled(fleet, start, profile, publishers.pids):
+    with measured(fleet, publishers, start := row("start"), count), profiled(fleet, start, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="start", driver=DRA_DRIVER, nodes=nodes, devices=devices[0])
         start["until_right_s"] = round(time.monotonic() - started + fleet.tracker.await_right(names, devices[0]), 2)
-    with measured(fleet, row("rest"), count):
+    with measured(fleet, publishers, row("rest"), count):
         time.sleep(rest)  # the quiet being measured
-    with measured(fleet, change := row("change"), count), profiled(fleet, change, profile, publishers.pids):
+    with measured(fleet, publishers, change := row("change"), count), profiled(fleet, change, profile, publishers.pids):
         started = time.monotonic()
         publishers.request(cmd="update", devices=devices[1])
         change["until_right_s"] = round(time.monotonic() - started + fleet.tracker.await_right(names, devices[1]),
